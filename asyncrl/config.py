@@ -1,0 +1,205 @@
+"""Typed configuration of a run: one dataclass per component, composed into `RunConfig`.
+
+Hydra's yaml groups under configs/ mirror these classes one to one. The schemas are registered in
+Hydra's ConfigStore, so a misspelt key or a value of the wrong type fails at start with a message
+that names the full key (e.g. `Key 'lr_rate' not in 'TrainerConfig'  full_key: trainer.lr_rate`).
+Each component reads only its own section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from asyncrl.model.config import ModelConfig
+
+
+@dataclass
+class RedisConfig:
+    url: Optional[str] = None
+    """redis://host:port/db of an existing server; None starts an embedded redis-server."""
+    aof: bool = True
+    """Embedded server only: append-only file with fsync every second (a crash loses <= 1 s)."""
+    data_dir: Optional[str] = None
+    """Embedded server only: where the AOF lives; None = <run_dir>/redis."""
+    retention_groups: int = 10_000
+    """Consumed groups (and their samples) kept for inspection before they are trimmed."""
+
+
+@dataclass
+class ModelSection:
+    arch: ModelConfig = field(default_factory=ModelConfig)
+    """Architecture, with exactly the HF config.json field names."""
+    path: Optional[str] = None
+    """HF-format checkpoint directory (config.json + safetensors); None = random init from `arch`."""
+    tokenizer: str = "builtin:tiny"
+    """A tokenizer.json path or directory, or `builtin:tiny` (the tokenizer shipped in asyncrl/assets)."""
+    dtype: str = "float32"
+    """Compute dtype on CPU engines and the torch trainer: float32 or bfloat16."""
+
+
+@dataclass
+class SamplingConfig:
+    """Default sampling of rollout turns (an episode may override per request)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "cpu"
+    """`cpu`: asyncrl's built-in SGLang-compatible engine. `sglang`: a real SGLang server (GPU)."""
+    num_engines: int = 1
+    num_cpus_per_engine: float = 1.0
+    num_gpus_per_engine: float = 0.0
+    max_running_requests: int = 128
+    """Continuous-batching width: requests decoded together in one step."""
+    max_total_tokens: int = 65536
+    """KV-cache budget in tokens; beyond it the scheduler retracts requests instead of failing."""
+    chunked_prefill_size: int = 512
+    """Prompt tokens prefilled per scheduler step (long prompts are split)."""
+    health_check_interval_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    sglang_args: list[str] = field(default_factory=list)
+    """Extra command-line flags passed to `python -m sglang.launch_server` (GPU backend)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port (the bound URL is published through Ray/Redis)."""
+    auth_token: Optional[str] = None
+    """When set, every route requires `Authorization: Bearer <token>`."""
+    max_request_bytes: int = 8 * 1024 * 1024
+    load_factor: float = 1.25
+    """Bounded-load consistent hashing: no engine takes more than load_factor x the mean load."""
+    engine_timeout_s: float = 600.0
+    health_interval_s: float = 2.0
+
+
+@dataclass
+class OrchestratorConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    auth_token: Optional[str] = None
+    max_in_flight: int = 1024
+    group_size: int = 8
+    """GRPO group: episodes of one task, one gateway session each."""
+    max_attempts: int = 3
+    heartbeat_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 15.0
+    episode_timeout_s: float = 600.0
+    max_turns: int = 20
+    domain_weights: dict[str, float] = field(default_factory=dict)
+    """Dispatch ratios by domain or env name, e.g. {swe: 2, terminal: 1, search: 1}; missing = env's own weight."""
+    rate_limits: dict[str, float] = field(default_factory=dict)
+    """Episodes per second per env name; missing = unlimited."""
+    max_unconsumed_groups: int = 256
+    """Backpressure: dispatch pauses while this many complete groups wait for the trainer."""
+
+
+@dataclass
+class EnvServiceConfig:
+    name: str = MISSING
+    target: str = MISSING
+    """Dotted path of the env class (e.g. envs.tasks.ArithmeticEnv) served by the SDK app."""
+    domain: str = ""
+    num_replicas: int = 1
+    capacity: int = 64
+    weight: float = 1.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvsConfig:
+    services: list[EnvServiceConfig] = field(default_factory=list)
+
+
+@dataclass
+class LossConfig:
+    type: str = "direct_double_sided_is"
+    """`direct_double_sided_is` (GLM-5 eq. 3-5) or `icepop_ppo`."""
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    icepop_beta: float = 2.0
+    aggregation: str = "token"
+    """`token`: mean over all loss tokens of the batch; `sequence`: mean of per-sequence means."""
+
+
+@dataclass
+class WeightPushConfig:
+    method: str = "disk"
+    """`disk` (atomic safetensors + update_weights_from_disk), `tensor`, or `distributed` (broadcast)."""
+    every_k_steps: int = 1
+    reset_optimizer: bool = True
+    """Reset the optimizer state after each push (the GLM-5 paper's default)."""
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = "torch"
+    """`torch` (CPU default, DDP over gloo) or `megatron` (megatron-core)."""
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    groups_per_step: int = 4
+    micro_batch_tokens: int = 4096
+    """Token budget of one packed micro-batch."""
+    advantage: str = "group_mean"
+    """`group_mean` (agentic: r - mean) or `group_norm` (reasoning: (r - mean) / std)."""
+    staleness_tau: int = 4
+    """Drop samples whose first weight version lags the current one by more than tau."""
+    freeze_indexer: bool = True
+    grad_checkpointing: bool = False
+    checkpoint_every: int = 10
+    loss: LossConfig = field(default_factory=LossConfig)
+    weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """Ray cluster to join; None starts (or joins, under `ray job submit`) a local one."""
+    num_cpus: Optional[int] = None
+
+
+@dataclass
+class RunConfig:
+    name: str = "asyncrl"
+    run_dir: str = "runs/${name}"
+    seed: int = 0
+    mode: str = "async"
+    """`async`: rollout never waits for training. `sync`: generate a batch, train, push (baseline)."""
+    total_steps: int = 100
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    envs: EnvsConfig = field(default_factory=EnvsConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (the yaml groups validate against them)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, node in [("model", ModelSection), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
+                        ("envs", EnvsConfig)]:
+        cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def to_dataclass(cfg: DictConfig) -> RunConfig:
+    """Resolved, validated, typed view of a composed Hydra config."""
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]

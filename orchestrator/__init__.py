@@ -1,0 +1,1 @@
+"""orchestrator component (see shared/protocols and docs/)."""

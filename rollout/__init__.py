@@ -1,0 +1,1 @@
+"""rollout component (see shared/protocols and docs/)."""

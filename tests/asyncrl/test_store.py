@@ -1,0 +1,107 @@
+import numpy as np
+import pytest
+
+from asyncrl.redis_server import EmbeddedRedis
+from asyncrl.store import Store
+from asyncrl.types import GroupRecord, Sample
+
+
+def make_sample(i: int, group_id: str = "g0", n: int = 12) -> Sample:
+    rng = np.random.default_rng(i)
+    mask = (np.arange(n) >= n // 2).astype(np.uint8)
+    return Sample(
+        sample_id=f"s{i}", session_id=f"sess{i}", group_id=group_id, task_id="t-1", env="arith",
+        status="completed", reward=float(i % 2), tokens=rng.integers(0, 1000, n),
+        loss_mask=mask, rollout_logprobs=np.where(mask, -rng.random(n), 0.0),
+        weight_versions=np.where(mask, 3, -1), num_turns=1, engines=["e0"],
+    )
+
+
+async def add_group(store: Store, gid: str, size: int = 2) -> list[Sample]:
+    samples = [make_sample(k, gid) for k in range(size)]
+    refs = [await store.add_sample(s) for s in samples]
+    await store.add_group(GroupRecord(gid, "t-1", "arith", refs, size))
+    return samples
+
+
+def test_sample_roundtrip_is_exact_and_compact():
+    s = make_sample(1, n=4096)
+    blob = s.encode()
+    back = Sample.decode(blob)
+    for name in ("tokens", "loss_mask", "rollout_logprobs", "weight_versions"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(s, name))
+    assert back.reward == s.reward and back.engines == ["e0"]
+    assert len(blob) < 4096 * 14  # packed arrays: 13 bytes/token + small header
+    assert back.first_weight_version == 3
+
+
+def test_sample_rejects_misaligned_arrays():
+    with pytest.raises(ValueError, match="loss_mask has 3 entries, tokens 4"):
+        Sample("s", "x", "g", "t", "e", "completed", 0.0, [1, 2, 3, 4], [0, 1, 1], [0] * 4, [0] * 4)
+
+
+async def test_write_read_ack_trim(redis_server, run_name):
+    store = Store.connect(redis_server.url, run_name, retention_groups=1)
+    written = {gid: await add_group(store, gid) for gid in ("g0", "g1", "g2")}
+    got = await store.read_groups("c0", count=10)
+    assert [g.record.group_id for g in got] == ["g0", "g1", "g2"]
+    for g in got:
+        assert [s.sample_id for s in g.samples] == [s.sample_id for s in written[g.record.group_id]]
+        np.testing.assert_array_equal(g.samples[0].tokens, written[g.record.group_id][0].tokens)
+    assert await store.unconsumed_groups() == 3
+    await store.ack_groups(got)
+    assert await store.unconsumed_groups() == 0
+    # retention 1: the two oldest consumed groups and their samples are deleted
+    assert await store.redis.xlen(store.key("groups")) == 1
+    assert await store.redis.xlen(store.key("samples")) == 2
+    assert await store.read_groups("c0", count=10, block_ms=10) == []
+    await store.close()
+
+
+async def test_reader_crash_before_ack_redelivers(redis_server, run_name):
+    store = Store.connect(redis_server.url, run_name)
+    await add_group(store, "g0")
+    await add_group(store, "g1")
+    first = await store.read_groups("trainer-0", count=1)
+    assert [g.record.group_id for g in first] == ["g0"]
+    # the reader dies before XACK: the same consumer restarted gets g0 again, before new work
+    again = await store.read_groups("trainer-0", count=2)
+    assert [g.record.group_id for g in again] == ["g0", "g1"]
+    # a different consumer claims deliveries of a crashed one once they are idle
+    other = await store.read_groups("trainer-1", count=2, claim_idle_ms=0)
+    assert sorted(g.record.group_id for g in other) == ["g0", "g1"]
+    await store.ack_groups(other)
+    assert await store.read_groups("trainer-0", count=2, block_ms=10) == []
+    await store.close()
+
+
+async def test_redis_restart_with_aof_loses_no_acked_write(tmp_path, run_name):
+    server = EmbeddedRedis(tmp_path / "r").start()
+    store = Store.connect(server.url, run_name)
+    await add_group(store, "g0")
+    await add_group(store, "g1")
+    await store.ack_groups(await store.read_groups("c", count=1))
+    await store.set_weights(5, "/ckpt/5")
+    await store.close()
+    port = server.port
+    server.kill()  # crash, no SHUTDOWN: only what reached the AOF survives
+    server = EmbeddedRedis(tmp_path / "r", port=port).start()
+    store = Store.connect(server.url, run_name)
+    try:
+        assert (await store.get_weights())["version"] == "5"
+        rest = await store.read_groups("c", count=5, block_ms=10)
+        assert [g.record.group_id for g in rest] == ["g1"]  # g0 stays acked, g1 is still owed
+        assert await store.redis.llen(store.key("consumed")) == 1
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_metrics_stream(redis_server, run_name):
+    store = Store.connect(redis_server.url, run_name)
+    await store.add_metrics("trainer", {"reward": 0.5, "step": 1})
+    await store.add_metrics("trainer", {"reward": 0.7, "step": 2})
+    records = await store.read_metrics()
+    assert [r[2]["reward"] for r in records] == [0.5, 0.7]
+    assert await store.read_metrics(after=records[0][0]) == records[1:]
+    await store.close()

@@ -1,0 +1,1 @@
+"""trainer component (see shared/protocols and docs/)."""
