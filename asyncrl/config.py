@@ -173,7 +173,8 @@ class RayConfig:
 @dataclass
 class RunConfig:
     name: str = "asyncrl"
-    run_dir: str = "runs/${name}"
+    run_dir: Optional[str] = None
+    """Where the run writes (Redis AOF, checkpoints, TensorBoard, logs); None = runs/<name>."""
     seed: int = 0
     mode: str = "async"
     """`async`: rollout never waits for training. `sync`: generate a batch, train, push (baseline)."""
@@ -186,6 +187,9 @@ class RunConfig:
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.run_dir or f"runs/{self.name}"
 
 
 def register_configs() -> None:

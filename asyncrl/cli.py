@@ -1,0 +1,38 @@
+"""The `asyncrl` command. Each subcommand lives in the component that implements it and is
+imported by dotted path only when invoked, so `asyncrl --help` is instant and asyncrl never imports
+a component statically (DESIGN.md dependency rule)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module:function taking argv, one-line help). Added as components land.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(COMMANDS.items())]
+    return "usage: asyncrl <command> [args...]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"asyncrl: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    target, _ = COMMANDS[argv[0]]
+    module_name, func_name = target.split(":")
+    sys.argv = [f"asyncrl {argv[0]}", *argv[1:]]
+    result = getattr(importlib.import_module(module_name), func_name)()
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""`python -m asyncrl.train experiment=...`: compose the run config (Hydra) and run it.
+
+Hydra flags work as usual: `--cfg job` prints the resolved config, `--help` lists the groups.
+The config is validated against asyncrl.config.RunConfig before anything starts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from asyncrl.config import RunConfig, register_configs, to_dataclass
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="../configs", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_cfg: RunConfig = to_dataclass(cfg)
+    except ValueError as err:  # e.g. ModelConfig consistency checks, which name the field
+        sys.exit(f"asyncrl: invalid config: {err}")
+    from asyncrl.launcher import run  # heavy imports only once the config is valid
+
+    sys.exit(run(run_cfg))
+
+
+if __name__ == "__main__":
+    main()
