@@ -188,9 +188,6 @@ class RunConfig:
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
-    def __post_init__(self) -> None:
-        self.run_dir = self.run_dir or f"runs/{self.name}"
-
 
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the yaml groups validate against them)."""
@@ -206,4 +203,6 @@ def register_configs() -> None:
 def to_dataclass(cfg: DictConfig) -> RunConfig:
     """Resolved, validated, typed view of a composed Hydra config."""
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    run: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    run.run_dir = run.run_dir or f"runs/{run.name}"
+    return run

@@ -32,6 +32,7 @@ def test_defaults_are_typed():
     assert cfg.model.arch.layer_indexer_types[0] == "full"
     assert cfg.trainer.loss.type == "direct_double_sided_is"
     assert cfg.run_dir == "runs/asyncrl"
+    assert load("experiment=tiny_demo").run_dir == "runs/tiny_demo"
 
 
 def test_misspelt_key_names_it():
