@@ -1,0 +1,241 @@
+"""Wire types of the engine HTTP API (shared/protocols/engine.md = SGLang's native API).
+
+Names follow SGLang's io_struct (`GenerateReqInput` -> `GenerateRequest`, ...). Unknown keys are
+ignored (SGLang clients send many optional fields); a value of the wrong type or range is a 400 with
+a message naming the field. A batch request (`input_ids` as a list of lists, or `text` as a list) is
+split once, here, into single `GenerateItem`s; nothing downstream handles the single-or-batch union.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SamplingParams(_Lenient):
+    """SGLang sampling parameters; null means the default."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    """-1 (or 0) disables top-k."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    max_new_tokens: int = Field(128, ge=0)
+    min_new_tokens: int = Field(0, ge=0)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: Optional[int] = None
+    """Seeds this request's own generator: its samples do not depend on what else is batched."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_mean_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+            if isinstance(data.get("stop"), str):
+                data["stop"] = [data["stop"]]
+        return data
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError("top_k must be -1 (disabled) or >= 0")
+        return v
+
+
+class GenerateRequest(_Lenient):
+    """POST /generate body (single or batch)."""
+
+    rid: Optional[Union[str, list[str]]] = None
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[SamplingParams, list[SamplingParams]]] = None
+    return_logprob: Union[bool, list[bool]] = False
+    logprob_start_len: Union[int, list[int]] = -1
+    top_logprobs_num: Union[int, list[int]] = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one_prompt(self) -> "GenerateRequest":
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of 'text' or 'input_ids' must be given")
+        return self
+
+    @property
+    def is_batch(self) -> bool:
+        if self.input_ids is not None:
+            return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        return isinstance(self.text, list)
+
+
+class GenerateItem(BaseModel):
+    """One request after batch splitting: what the scheduler runs."""
+
+    rid: str
+    input_ids: Optional[list[int]] = None
+    text: Optional[str] = None
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
+    """GenerateRequest -> one GenerateItem per prompt; per-prompt fields may be lists or scalars."""
+    prompts = req.input_ids if req.input_ids is not None else req.text
+    if not req.is_batch:
+        prompts = [prompts]
+    n = len(prompts)
+
+    def pick(value: Any, name: str, default: Any = None) -> list[Any]:
+        if isinstance(value, list):
+            if len(value) != n:
+                raise ValueError(f"'{name}' has {len(value)} entries for a batch of {n}")
+            return value
+        return [default if value is None else value] * n
+
+    if req.rid is None:
+        rids = [new_rid() for _ in range(n)]
+    elif req.is_batch:
+        if not isinstance(req.rid, list):
+            raise ValueError("'rid' must be a list with one id per prompt in a batch request")
+        rids = pick(req.rid, "rid")
+    else:
+        rids = [req.rid]
+    sampling = pick(req.sampling_params, "sampling_params", SamplingParams())
+    return [
+        GenerateItem(
+            rid=rids[i],
+            input_ids=prompts[i] if req.input_ids is not None else None,
+            text=prompts[i] if req.text is not None else None,
+            sampling=sampling[i],
+            return_logprob=pick(req.return_logprob, "return_logprob")[i],
+            logprob_start_len=pick(req.logprob_start_len, "logprob_start_len")[i],
+            top_logprobs_num=pick(req.top_logprobs_num, "top_logprobs_num")[i],
+            return_text_in_logprobs=req.return_text_in_logprobs,
+            stream=req.stream,
+        )
+        for i in range(n)
+    ]
+
+
+# Responses -------------------------------------------------------------------------------------
+LogprobEntry = list  # [logprob or None, token_id, text or None]
+
+
+class WeightVersionSpan(BaseModel):
+    """asyncrl extension: output tokens [start, end) were generated under `version`."""
+
+    version: str
+    start: int
+    end: int
+
+
+class MetaInfo(BaseModel):
+    id: str
+    finish_reason: Optional[dict[str, Any]] = None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    weight_versions: list[WeightVersionSpan]
+    e2e_latency: float
+    input_token_logprobs: Optional[list[LogprobEntry]] = None
+    output_token_logprobs: Optional[list[LogprobEntry]] = None
+    input_top_logprobs: Optional[list[Optional[list[LogprobEntry]]]] = None
+    output_top_logprobs: Optional[list[list[LogprobEntry]]] = None
+
+
+class GenerateResponse(BaseModel):
+    text: Optional[str] = None
+    output_ids: list[int]
+    meta_info: MetaInfo
+
+
+# Control endpoints -----------------------------------------------------------------------------
+class AbortRequest(_Lenient):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class PauseGenerationRequest(_Lenient):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class UpdateWeightsFromDiskRequest(_Lenient):
+    model_path: str
+    load_format: Optional[str] = None
+    weight_version: Optional[str] = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+
+
+class UpdateWeightsFromTensorRequest(_Lenient):
+    serialized_named_tensors: list[str]
+    """One entry per tensor-parallel rank (one here). With load_format `asyncrl_safetensors_b64`
+    each entry is a base64 string of a safetensors blob holding the named tensors (docs/engine.md)."""
+    load_format: Optional[str] = None
+    weight_version: Optional[str] = None
+    flush_cache: bool = True
+
+
+class InitWeightsUpdateGroupRequest(_Lenient):
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
+class UpdateWeightsFromDistributedRequest(_Lenient):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    weight_version: Optional[str] = None
+    flush_cache: bool = True
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "UpdateWeightsFromDistributedRequest":
+        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
+            raise ValueError("'names', 'dtypes' and 'shapes' must have the same length")
+        return self
+
+
+class DestroyWeightsUpdateGroupRequest(_Lenient):
+    group_name: str = "weight_update_group"
+
+
+class WeightsUpdateResponse(BaseModel):
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+class StatusResponse(BaseModel):
+    status: str = "ok"
+
+
+class LoadEntry(BaseModel):
+    dp_rank: int = 0
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_used_tokens: int = 0
+    max_total_num_tokens: int = 0
+
+
+class LoadsResponse(BaseModel):
+    loads: list[LoadEntry]

@@ -1,0 +1,83 @@
+"""Batched token sampling whose result for one request never depends on the rest of the batch.
+
+Randomness is counter-based: the uniform number that picks request r's n-th token is
+splitmix64(seed_r, n), computed for the whole batch in one vectorised numpy call. A request with a
+`sampling_seed` therefore reproduces its tokens under any concurrent load, retraction or restart,
+and no per-request generator objects are needed.
+
+Log-probs (what RL trains against) are those of the distribution the token was drawn from before
+any truncation: log_softmax(logits / temperature), temperature 1 for greedy requests. top-k, top-p
+and min-p only restrict which tokens can be drawn; they do not renormalise the reported log-prob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix64_uniform(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) doubles, one per (seed, counter) pair; a pure function of its inputs."""
+    with np.errstate(over="ignore"):
+        z = seeds.astype(np.uint64) + (counters.astype(np.uint64) + np.uint64(1)) * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of one decode step (rows = requests)."""
+
+    temperature: torch.Tensor  # [B] float32, 0 = greedy
+    top_p: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64, <= 0 = disabled
+    min_p: torch.Tensor  # [B] float32
+    seeds: np.ndarray  # [B] uint64
+    counters: np.ndarray  # [B] uint64: tokens this request has sampled so far
+
+    @property
+    def needs_filtering(self) -> bool:
+        return bool((self.top_p < 1.0).any() or (self.top_k > 0).any() or (self.min_p > 0).any())
+
+
+@dataclass
+class SampleOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32: log-prob of the chosen token
+    logprob_rows: torch.Tensor  # [B, V] float32: full log-softmax (for top_logprobs)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
+    """logits [B, V] (fp32) -> one token per row."""
+    greedy = batch.temperature <= 0
+    temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
+    logprob_rows = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)  # [B, V]
+    probs = logprob_rows.exp()
+    if batch.needs_filtering:
+        probs = _filter(probs, batch)
+    uniform = torch.from_numpy(splitmix64_uniform(batch.seeds, batch.counters)).to(probs.dtype)
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    targets = (uniform * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
+    drawn = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    return SampleOutput(tokens, logprob_rows.gather(-1, tokens[:, None]).squeeze(-1), logprob_rows)
+
+
+def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Zero the probabilities top-k / top-p / min-p exclude (no renormalisation: the CDF walk scales)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, V]
+    ranks = torch.arange(probs.shape[-1]).expand_as(sorted_probs)
+    top_k = torch.where(batch.top_k > 0, batch.top_k, probs.shape[-1])
+    keep = ranks < top_k[:, None]
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep &= mass_before < batch.top_p[:, None]
+    keep &= sorted_probs >= batch.min_p[:, None] * sorted_probs[:, :1]
+    keep[:, 0] = True  # the most likely token always survives
+    filtered = torch.zeros_like(probs)
+    return filtered.scatter_(-1, order, sorted_probs * keep)
