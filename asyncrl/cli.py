@@ -7,9 +7,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-# subcommand -> (module:function taking argv, one-line help). Added as components land.
+# command words -> (module:function reading sys.argv, one-line help). Added as components land.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
+    "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
 }
 
 
@@ -24,12 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
-    if argv[0] not in COMMANDS:
-        print(f"asyncrl: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+    name = next((n for n in sorted(COMMANDS, key=len, reverse=True) if argv[:len(n.split())] == n.split()), None)
+    if name is None:
+        print(f"asyncrl: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    target, _ = COMMANDS[argv[0]]
+    target, _ = COMMANDS[name]
     module_name, func_name = target.split(":")
-    sys.argv = [f"asyncrl {argv[0]}", *argv[1:]]
+    sys.argv = [f"asyncrl {name}", *argv[len(name.split()):]]
     result = getattr(importlib.import_module(module_name), func_name)()
     return int(result or 0)
 

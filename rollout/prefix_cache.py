@@ -26,6 +26,8 @@ class RadixNode:
     children: dict[int, "RadixNode"] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    detached: bool = False
+    """Cut from the tree by `flush` while a request still used it: its slots are freed on last unlock."""
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -40,7 +42,7 @@ class RadixCache:
         self.reset()
 
     def reset(self) -> None:
-        self.root = RadixNode(np.empty(0, np.int64), np.empty(0, np.int64), lock_ref=1)
+        self.root = RadixNode(np.empty(0, np.int64), np.empty(0, np.int64))
         self.total_tokens = 0
         self.locked_tokens = 0
 
@@ -93,18 +95,32 @@ class RadixCache:
 
     def lock(self, node: RadixNode) -> None:
         """Protect the path root..node from eviction while a request uses it."""
-        while node is not self.root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 self.locked_tokens += len(node.key)
             node.lock_ref += 1
             node = node.parent
 
     def unlock(self, node: RadixNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             node.lock_ref -= 1
-            if node.lock_ref == 0:
+            if node.detached:
+                if node.lock_ref == 0:
+                    self._free_slots(node.slots)
+            elif node.lock_ref == 0:
                 self.locked_tokens -= len(node.key)
             node = node.parent
+
+    def flush(self) -> None:
+        """Forget every cached prefix (their KV is stale after a weight update). Unlocked slots are
+        freed now; paths still locked by running requests are detached and freed on their last unlock."""
+        self.evict(self.total_tokens)
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            node.detached = True
+            stack.extend(node.children.values())
+        self.reset()
 
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` slots from unlocked leaves, least recently used first."""

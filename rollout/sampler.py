@@ -13,6 +13,7 @@ and min-p only restrict which tokens can be drawn; they do not renormalise the r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -53,14 +54,18 @@ class SampleOutput:
     logprob_rows: torch.Tensor  # [B, V] float32: full log-softmax (for top_logprobs)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
-    """logits [B, V] (fp32) -> one token per row."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None) -> SampleOutput:
+    """logits [B, V] (fp32) -> one token per row. `banned` [B, V] bool: tokens that may not be drawn
+    (stop tokens before min_new_tokens); they keep their share of the reported log-probs."""
     greedy = batch.temperature <= 0
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     logprob_rows = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)  # [B, V]
     probs = logprob_rows.exp()
     if batch.needs_filtering:
         probs = _filter(probs, batch)
+    if banned is not None:
+        probs = probs.masked_fill(banned, 0.0)
+        logits = logits.masked_fill(banned, float("-inf"))
     uniform = torch.from_numpy(splitmix64_uniform(batch.seeds, batch.counters)).to(probs.dtype)
     cdf = probs.cumsum(dim=-1)  # [B, V]
     targets = (uniform * cdf[:, -1]).unsqueeze(-1)  # [B, 1]

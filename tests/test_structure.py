@@ -42,6 +42,7 @@ def test_cli_entry_is_instant_and_lists_commands():
     bad = subprocess.run([sys.executable, "-m", "asyncrl.cli", "nope"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
+    assert "engine serve" in out.stdout
 
 
 def test_train_prints_resolved_config_and_rejects_bad_keys():

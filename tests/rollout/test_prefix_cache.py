@@ -42,3 +42,17 @@ def test_evicting_a_leaf_exposes_its_parent():
     cache.insert(arr(1, 2, 3), arr(0, 1, 2))
     cache.insert(arr(1, 2, 4), arr(0, 1, 5))  # shares [1, 2]; child edges [3] and [4]
     assert cache.evict(3) == 4 and sorted(freed) == [0, 1, 2, 5]
+
+
+def test_flush_frees_unlocked_now_and_locked_on_last_unlock():
+    freed = []
+    cache = RadixCache(lambda s: freed.extend(s.tolist()))
+    cache.insert(arr(1, 2, 3), arr(0, 1, 2))
+    cache.insert(arr(7, 8), arr(5, 6))
+    _, node = cache.match_prefix(arr(1, 2, 3))
+    cache.lock(node)
+    cache.flush()
+    assert sorted(freed) == [5, 6] and cache.total_tokens == 0
+    assert cache.match_prefix(arr(1, 2, 3))[0].size == 0  # stale prefix no longer matches
+    cache.unlock(node)
+    assert sorted(freed) == [0, 1, 2, 5, 6]

@@ -1,0 +1,89 @@
+"""What every asyncrl HTTP service shares: binding (port 0 included), JSON errors, /metrics, SIGTERM.
+
+Each service builds its FastAPI app and calls `serve(app, host, port, url_file=...)`. The bound URL is
+printed (`listening on http://127.0.0.1:PORT`) and optionally written to a file, so a parent that
+asked for port 0 learns the port without races.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+from typing import Optional
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("asyncrl.service")
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    """The error body of every asyncrl service: {"error": message} (plus OpenAI-style fields)."""
+    return JSONResponse({"error": message, "object": "error", "message": message, "code": status}, status_code=status)
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    """One line naming each offending field, e.g. "sampling_params.temperature: must be >= 0"."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Schema violations and malformed JSON -> 400 with the field named; HTTPException -> its status."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+        return error_response(400, str(exc))
+
+
+def install_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, log_level: str = "warning") -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn handles both: stop accepting, finish in-flight, run shutdown)."""
+    sock = bind_socket(host, port)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10,
+                                           limit_concurrency=None, backlog=4096))
+
+    async def run() -> None:
+        serve_task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serve_task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            print(f"listening on {url}", flush=True)
+            if url_file:
+                tmp = Path(url_file).with_suffix(".tmp")
+                tmp.write_text(url)
+                tmp.replace(url_file)
+        await serve_task
+
+    asyncio.run(run())

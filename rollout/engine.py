@@ -1,0 +1,205 @@
+"""The built-in CPU engine: model + KV pool + scheduler, driven by one engine thread.
+
+The HTTP layer (server.py) never touches model state. It submits requests and control commands;
+the engine thread runs them between forward steps, so a weight update, an abort or a pause always
+lands on a step boundary and every generated token knows the weight version that produced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import threading
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from asyncrl.model.io import dtype_from_name, load_pretrained
+from asyncrl.model.kv_cache import KVCache
+from asyncrl.tokenizer import Tokenizer, load_tokenizer
+from rollout.protocol import GenerateItem
+from rollout.request import Req
+from rollout.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("rollout.engine")
+
+VERSION = "asyncrl-cpu-engine/0.1 (sglang-native-api 0.5.23 subset)"
+
+
+@dataclass
+class EngineArgs:
+    """Server arguments (reported by /get_server_info, SGLang style)."""
+
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    """tokenizer.json file/dir or builtin:tiny; None = the model dir's tokenizer.json, else builtin:tiny."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    dtype: str = "float32"
+    max_running_requests: int = 128
+    max_total_tokens: int = 65536
+    chunked_prefill_size: int = 512
+    context_length: Optional[int] = None
+    """Longest prompt + output; None = min(max_position_embeddings, max_total_tokens)."""
+    random_seed: int = 0
+    """Seeds requests that bring no sampling_seed (each still gets its own stream)."""
+    weight_version: str = "0"
+    num_threads: int = 1
+    """torch intra-op threads for the forward (the tiny model is fastest single-threaded)."""
+    served_model_name: str = "asyncrl"
+
+
+@dataclass
+class _Command:
+    fn: Callable[[], Any]
+    future: Future = field(default_factory=Future)
+
+
+class Engine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        torch.set_num_threads(args.num_threads)
+        self.model = load_pretrained(args.model_path, dtype_from_name(args.dtype)).eval()
+        self.config = self.model.config
+        self.tokenizer = _load_tokenizer(args)
+        context = args.context_length or min(self.config.max_position_embeddings, args.max_total_tokens)
+        self.context_length = context
+        self.cache = KVCache(self.config, args.max_total_tokens, dtype=self.model.dtype)
+        self.scheduler = Scheduler(
+            SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context),
+            forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids))
+        self.scheduler.weight_version = args.weight_version
+        self.eos_ids = frozenset(self.config.eos_token_ids)
+        self._rng = random.Random(args.random_seed)
+        self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.steps = 0
+        self.generated_tokens = 0
+
+    # Lifecycle --------------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Abort what is in flight (clients get finish_reason abort), then end the thread."""
+        if self._thread.is_alive():
+            self.call(lambda: self.scheduler.abort(None, "engine shutting down")).result(timeout=30)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    # Cross-thread API -------------------------------------------------------------------------
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the engine thread at the next step boundary."""
+        command = _Command(fn)
+        self._inbox.put(command)
+        self._wake.set()
+        return command.future
+
+    def submit(self, item: GenerateItem, on_update: Callable[[Req], None]) -> Req:
+        """Validate and enqueue a request (raises ValueError for a request it can never serve)."""
+        prompt = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
+        self._validate(item, prompt)
+        params = item.sampling
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        seed = params.sampling_seed if params.sampling_seed is not None else self._rng.getrandbits(63)
+        req = Req(item=item, prompt=list(prompt), seed=seed, stop_ids=stop_ids, on_update=on_update)
+        self.call(lambda: self.scheduler.add(req))
+        return req
+
+    def _validate(self, item: GenerateItem, prompt: list[int]) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
+        if len(prompt) + item.sampling.max_new_tokens > self.context_length:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({item.sampling.max_new_tokens}) exceeds "
+                             f"the context length {self.context_length}")
+        if item.return_logprob and item.logprob_start_len > len(prompt):
+            raise ValueError(f"logprob_start_len {item.logprob_start_len} is larger than the prompt ({len(prompt)} tokens)")
+        if item.top_logprobs_num < 0 or item.top_logprobs_num > self.config.vocab_size:
+            raise ValueError(f"top_logprobs_num must be in [0, {self.config.vocab_size}]")
+        if item.sampling.min_new_tokens > item.sampling.max_new_tokens:
+            raise ValueError("min_new_tokens must be <= max_new_tokens")
+
+    # Control (each runs on the engine thread, between steps) --------------------------------
+    def update_weights(self, load: Callable[[], int], version: Optional[str], flush_cache: bool,
+                       abort_all: bool = False) -> Future:
+        """Load new weights in place; running requests continue with them (their weight_versions
+        spans split). flush_cache drops the radix cache, whose KV was computed with the old weights."""
+        def apply() -> str:
+            if abort_all:
+                self.scheduler.abort(None, "aborted for a weight update")
+            count = load()
+            if flush_cache:
+                self.scheduler.flush_cache()
+            if version is not None:
+                self.scheduler.weight_version = version
+            log.info("updated %d tensors; weight_version %s", count, self.weight_version)
+            return f"Updated {count} tensors."
+        return self.call(apply)
+
+    # Engine thread ----------------------------------------------------------------------------
+    def _forward(self, batch) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.model.forward_batch(batch, self.cache)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox()
+            try:
+                worked = self.scheduler.step()
+            except Exception:  # a bug must not hang clients: fail what is in flight, keep serving
+                log.exception("engine step failed; aborting in-flight requests")
+                self.scheduler.abort(None, "engine step failed (see engine log)")
+                worked = False
+            if worked:
+                self.steps += 1
+            else:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if not command.future.set_running_or_notify_cancel():
+                continue
+            try:
+                command.future.set_result(command.fn())
+            except Exception as err:  # reported to the caller, e.g. a 400 for a bad checkpoint
+                command.future.set_exception(err)
+
+    # Introspection ----------------------------------------------------------------------------
+    def server_info(self) -> dict[str, Any]:
+        return {**asdict(self.args), "context_length": self.context_length, "version": VERSION,
+                "weight_version": self.weight_version, "max_total_num_tokens": self.args.max_total_tokens,
+                "kv_cache_bytes_per_token": self.cache.bytes_per_token, "pid": os.getpid()}
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": self.weight_version,
+                "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+                "served_model_name": self.args.served_model_name}
+
+
+def _load_tokenizer(args: EngineArgs) -> Tokenizer:
+    if args.tokenizer_path:
+        return load_tokenizer(args.tokenizer_path)
+    local = Path(args.model_path) / "tokenizer.json"
+    return load_tokenizer(local.parent if local.exists() else "builtin:tiny")

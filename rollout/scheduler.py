@@ -1,0 +1,311 @@
+"""Continuous batching over a token-slot KV pool with a radix prefix cache.
+
+Every `step()` runs one model forward: either a prefill step (prompt chunks of newly admitted or
+resumed requests, at most `chunked_prefill_size` tokens) or a decode step (one token for every
+running request). When both kinds of work exist the two alternate, so long prompts never stall
+running decodes and decodes never starve admission. Requests join the running batch as soon as they
+are admitted and leave it the step they finish.
+
+Memory: the pool holds `max_total_tokens` slots. Slots are allocated just before a forward; when the
+pool is short, unlocked radix-cache leaves are evicted (LRU), and if that is not enough the most
+recently admitted running request is retracted: its computed KV goes back into the radix cache and
+it re-enters the waiting queue at the front, resuming (mostly from cache) when memory frees up.
+Nothing runs out of memory and nothing is lost.
+
+Fairness: admission is first-come-first-served with retracted requests ahead of new ones; the
+head of the queue is never overtaken (no starvation of long prompts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from asyncrl.model.batch import ForwardBatch
+from rollout.prefix_cache import RadixCache
+from rollout.request import Req
+from rollout.sampler import SamplingBatch, sample
+from rollout.token_pool import TokenPool
+
+log = logging.getLogger("rollout.scheduler")
+
+
+@dataclass
+class SchedulerConfig:
+    max_running_requests: int
+    max_total_tokens: int
+    chunked_prefill_size: int
+    max_context_len: int
+
+
+@dataclass
+class _Extend:
+    """One request's share of a forward: `take` pending tokens starting at its num_computed."""
+
+    req: Req
+    take: int
+
+    @property
+    def completes(self) -> bool:
+        """After this forward every token of the request has its KV: sample the next one."""
+        return self.req.num_computed + self.take == self.req.all_len
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, forward: Callable[[ForwardBatch], torch.Tensor],
+                 decode_text: Callable[[list[int]], str]) -> None:
+        self.config = config
+        self.forward = forward
+        self.decode_text = decode_text
+        self.pool = TokenPool(config.max_total_tokens)
+        self.cache = RadixCache(self.pool.free)
+        self.generation = 0
+        self.weight_version = "0"
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.paused = False
+        self._req_to_slot = torch.zeros(config.max_running_requests, config.max_context_len, dtype=torch.long)
+        self._free_rows = list(range(config.max_running_requests - 1, -1, -1))
+        self._last_step_prefill = False
+
+    # Public API (engine thread only) ---------------------------------------------------------
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return not self.paused and bool(self.waiting or self.running)
+
+    def step(self) -> bool:
+        """Run one forward if there is work; returns whether it did."""
+        if self.paused:
+            return False
+        self._admit()
+        extends = self._next_batch()
+        if not extends:
+            return False
+        self._run(extends)
+        return True
+
+    def abort(self, rid: Optional[str], message: str = "aborted by request") -> int:
+        """Abort one request (or all when rid is None); returns how many were aborted."""
+        hits = [r for r in [*self.running, *self.waiting] if rid is None or r.rid == rid]
+        for req in hits:
+            req.abort(message)
+            if req in self.running:
+                self._release(req, finished=True)
+            else:
+                self.waiting.remove(req)
+            req.on_update(req)
+        return len(hits)
+
+    def retract_all(self) -> int:
+        running = list(self.running)
+        for req in reversed(running):
+            self._retract(req)
+        return len(running)
+
+    def flush_cache(self) -> None:
+        """Forget cached prefixes (stale after new weights); running requests keep their own KV."""
+        self.cache.flush()
+        self.generation += 1
+
+    def loads(self) -> dict[str, int]:
+        used = self.config.max_total_tokens - self.pool.available - self.cache.evictable_tokens
+        return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
+                "num_used_tokens": used, "max_total_num_tokens": self.config.max_total_tokens}
+
+    # Admission ---------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting and self._free_rows:
+            req = self.waiting[0]
+            prefix, node = self._match_prefix(req)
+            need = req.all_len - len(prefix) + len(self.running) + 1  # + one decode slot per runner
+            if need > self.pool.available + self.cache.evictable_tokens and self.running:
+                return  # FCFS: the head waits for memory rather than being overtaken
+            self.waiting.popleft()
+            self._start(req, prefix, node)
+
+    def _match_prefix(self, req: Req) -> tuple[np.ndarray, object]:
+        ids = np.asarray(req.prompt + req.output_ids, dtype=np.int64)
+        limit = req.all_len - 1  # at least one token is computed: its logits pick the next token
+        if req.wants_input_logprobs:
+            limit = min(limit, max(req.item.logprob_start_len - 1, 0))
+        slots, node = self.cache.match_prefix(ids[:limit])
+        return slots, node
+
+    def _start(self, req: Req, prefix: np.ndarray, node) -> None:
+        req.row = self._free_rows.pop()
+        self.cache.lock(node)
+        req.prefix_node, req.num_prefix_slots, req.num_computed = node, len(prefix), len(prefix)
+        req.kv_generation = self.generation
+        if not req.output_ids:
+            req.cached_tokens = len(prefix)
+        self._req_to_slot[req.row, :len(prefix)] = torch.from_numpy(prefix)
+        self.running.append(req)
+
+    # Batch selection -----------------------------------------------------------------------------
+    def _next_batch(self) -> list[_Extend]:
+        prefilling = [r for r in self.running if r.pending > 1 or r.num_computed == 0]
+        decoding = [r for r in self.running if not (r.pending > 1 or r.num_computed == 0)]
+        prefer_prefill = prefilling and (not decoding or not self._last_step_prefill)
+        self._last_step_prefill = bool(prefer_prefill)
+        if prefer_prefill:
+            return self._allocate(self._prefill_plan(prefilling))
+        return self._allocate([_Extend(r, 1) for r in decoding])
+
+    def _prefill_plan(self, prefilling: list[Req]) -> list[_Extend]:
+        budget, plan = self.config.chunked_prefill_size, []
+        for req in prefilling:
+            if budget <= 0:
+                break
+            take = min(req.pending, budget)
+            plan.append(_Extend(req, take))
+            budget -= take
+        return plan
+
+    def _allocate(self, plan: list[_Extend]) -> list[_Extend]:
+        """Give every planned extend its slots, evicting cache and retracting requests as needed."""
+        need = sum(e.take for e in plan)
+        if need > self.pool.available:
+            self.cache.evict(need - self.pool.available)
+        while need > self.pool.available and len(self.running) > 1:
+            victim = self.running[-1]
+            self._retract(victim)
+            plan = [e for e in plan if e.req is not victim]
+            need = sum(e.take for e in plan)
+            if need > self.pool.available:
+                self.cache.evict(need - self.pool.available)
+        if need > self.pool.available:
+            raise MemoryError(f"KV pool of {self.config.max_total_tokens} tokens cannot hold one request "
+                              f"({need} tokens needed); raise rollout.max_total_tokens")
+        for e in plan:
+            slots = self.pool.alloc(e.take)
+            self._req_to_slot[e.req.row, e.req.num_computed:e.req.num_computed + e.take] = torch.from_numpy(slots)
+        return plan
+
+    # Forward + sampling --------------------------------------------------------------------------
+    def _run(self, plan: list[_Extend]) -> None:
+        batch, sample_rows, input_rows = self._forward_batch(plan)
+        logits = self.forward(batch)  # [M, V]
+        for e, rows in input_rows:
+            self._record_input_logprobs(e, logits[rows])
+        sampled = [e for e in plan if e.completes]
+        for e in plan:
+            e.req.num_computed += e.take
+        if sampled:
+            self._sample(sampled, logits[sample_rows])
+        for e in plan:
+            if e.req.finished:
+                self._release(e.req, finished=True)
+            if e.completes or e.req.finished:
+                e.req.on_update(e.req)
+
+    def _forward_batch(self, plan: list[_Extend]):
+        ids, extend_lens, context_lens, rows = [], [], [], []
+        sample_rows, input_rows, offset = [], [], 0
+        for e in plan:
+            req = e.req
+            ids.extend(req.pending_ids(e.take))
+            extend_lens.append(e.take)
+            context_lens.append(req.num_computed + e.take)
+            rows.append(req.row)
+            if req.wants_input_logprobs and req.num_computed < len(req.prompt):
+                lo = max(req.item.logprob_start_len - 1, req.num_computed)
+                hi = min(len(req.prompt) - 1, req.num_computed + e.take)
+                if hi > lo:
+                    input_rows.append((e, list(range(offset + lo - req.num_computed, offset + hi - req.num_computed))))
+            offset += e.take
+            if e.completes:
+                sample_rows.append(offset - 1)
+        wanted = sorted({r for _, rs in input_rows for r in rs} | set(sample_rows))
+        position = {r: i for i, r in enumerate(wanted)}
+        width = max(context_lens)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            extend_lens=torch.tensor(extend_lens, dtype=torch.long),
+            context_slots=self._req_to_slot[rows, :width],
+            context_lens=torch.tensor(context_lens, dtype=torch.long),
+            logits_indices=torch.tensor(wanted, dtype=torch.long),
+        )
+        return batch, [position[r] for r in sample_rows], [(e, [position[r] for r in rs]) for e, rs in input_rows]
+
+    def _record_input_logprobs(self, e: _Extend, logits: torch.Tensor) -> None:
+        """Log-probs of prompt tokens (position p scores prompt[p + 1]), first entry None."""
+        req = e.req
+        first_scored = max(req.item.logprob_start_len, req.num_computed + 1)
+        if req.item.logprob_start_len == 0 and req.num_computed == 0:
+            req.input_logprobs.append(None)
+            req.input_top_logprobs.append(None)
+        targets = torch.tensor(req.prompt[first_scored:first_scored + logits.shape[0]], dtype=torch.long)
+        temperature = req.item.sampling.temperature or 1.0
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        req.input_logprobs.extend(logprobs.gather(-1, targets[:, None]).squeeze(-1).tolist())
+        if req.item.top_logprobs_num > 0:
+            req.input_top_logprobs.extend(_top(logprobs, req.item.top_logprobs_num))
+
+    def _sample(self, extends: list[_Extend], logits: torch.Tensor) -> None:
+        reqs = [e.req for e in extends]
+        out = sample(logits, self._sampling_batch(reqs), banned=self._banned(reqs, logits.shape[-1]))
+        tokens, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
+        for i, req in enumerate(reqs):
+            if req.item.sampling.max_new_tokens == 0:
+                req.finish_reason = {"type": "length", "length": 0}
+                continue
+            top = _top(out.logprob_rows[i:i + 1], req.item.top_logprobs_num)[0] if req.item.top_logprobs_num else None
+            req.append_token(tokens[i], logprobs[i], self.weight_version, top)
+            req.check_stop_strings(self.decode_text)
+
+    def _sampling_batch(self, reqs: list[Req]) -> SamplingBatch:
+        params = [r.item.sampling for r in reqs]
+        return SamplingBatch(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            seeds=np.array([r.seed for r in reqs], dtype=np.uint64),
+            counters=np.array([len(r.output_ids) for r in reqs], dtype=np.uint64),
+        )
+
+    @staticmethod
+    def _banned(reqs: list[Req], vocab: int) -> Optional[torch.Tensor]:
+        """Stop tokens may not be drawn before min_new_tokens (they stay in the reported log-probs)."""
+        early = [(i, r) for i, r in enumerate(reqs) if len(r.output_ids) < r.item.sampling.min_new_tokens]
+        if not early:
+            return None
+        mask = torch.zeros(len(reqs), vocab, dtype=torch.bool)
+        for i, req in early:
+            ids = [t for t in req.stop_ids if t < vocab]
+            mask[i, ids] = True
+        return mask
+
+    # Release -----------------------------------------------------------------------------------
+    def _release(self, req: Req, finished: bool) -> None:
+        """Leave the running batch: computed KV goes to the radix cache (if not stale), rest freed."""
+        self.running.remove(req)
+        slots = self._req_to_slot[req.row, :req.num_computed].numpy().copy()
+        if req.kv_generation == self.generation and req.num_computed > 0:
+            # tokens [0, already) were cached before: the prefix's own slots, or duplicates to free
+            already = self.cache.insert(np.asarray(req.computed_ids(), dtype=np.int64), slots)
+            self.pool.free(slots[req.num_prefix_slots:already])
+        else:
+            self.pool.free(slots[req.num_prefix_slots:])
+        self.cache.unlock(req.prefix_node)
+        self._free_rows.append(req.row)
+        req.row, req.prefix_node = -1, None
+
+    def _retract(self, req: Req) -> None:
+        self._release(req, finished=False)
+        req.num_computed, req.num_prefix_slots = 0, 0
+        self.waiting.appendleft(req)
+        log.info("retracted %s (%d tokens) to free KV memory", req.rid, req.all_len)
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    values, ids = logprobs.topk(k, dim=-1)
+    return [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]

@@ -1,0 +1,334 @@
+"""`asyncrl engine serve`: the built-in engine behind SGLang's native HTTP API (engine.md).
+
+Handlers are thin: parse the typed request, hand it to the engine, await the engine thread's answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from asyncrl.service import error_response, install_error_handlers, install_metrics, serve
+from rollout.engine import Engine, EngineArgs
+from rollout.protocol import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
+                              InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
+                              UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
+                              UpdateWeightsFromTensorRequest, split_batch)
+from rollout.request import Req
+from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, decode_tensors
+
+log = logging.getLogger("rollout.server")
+
+
+class EngineMetrics:
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("sglang_num_requests", "finished generate requests", ["finish"], registry=r)
+        self.prompt_tokens = Counter("sglang_prompt_tokens", "prompt tokens", registry=r)
+        self.generation_tokens = Counter("sglang_generation_tokens", "generated tokens", registry=r)
+        self.cached_tokens = Counter("sglang_cached_tokens", "prompt tokens served from the prefix cache", registry=r)
+        self.e2e_latency = Histogram("sglang_e2e_request_latency_seconds", "request latency", registry=r,
+                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        loads = engine.scheduler.loads
+        Gauge("sglang_num_running_reqs", "running requests", registry=r).set_function(
+            lambda: loads()["num_running_reqs"])
+        Gauge("sglang_num_queue_reqs", "waiting requests", registry=r).set_function(lambda: loads()["num_waiting_reqs"])
+        Gauge("sglang_token_usage", "fraction of KV slots in use", registry=r).set_function(
+            lambda: loads()["num_used_tokens"] / loads()["max_total_num_tokens"])
+
+    def finished(self, req: Req) -> None:
+        self.requests.labels(req.finish_reason["type"]).inc()
+        self.prompt_tokens.inc(len(req.prompt))
+        self.generation_tokens.inc(len(req.output_ids))
+        self.cached_tokens.inc(req.cached_tokens)
+        self.e2e_latency.observe(time.monotonic() - req.created)
+
+
+def response_body(req: Req, engine: Engine) -> dict[str, Any]:
+    """SGLang's /generate response for the request's current state (cumulative)."""
+    item, tok = req.item, engine.tokenizer
+    text_ids = req.output_ids
+    if req.finish_reason and req.finish_reason["type"] == "stop" and req.matched_stop_text is None \
+            and not item.sampling.no_stop_trim and text_ids:
+        text_ids = text_ids[:-1]
+    text = tok.decode(text_ids, skip_special_tokens=item.sampling.skip_special_tokens)
+    if req.matched_stop_text and not item.sampling.no_stop_trim:
+        text = text[:text.find(req.matched_stop_text)] if req.matched_stop_text in text else text
+    meta: dict[str, Any] = {
+        "id": req.rid, "finish_reason": req.finish_reason, "prompt_tokens": len(req.prompt),
+        "completion_tokens": len(req.output_ids), "cached_tokens": req.cached_tokens,
+        "weight_version": req.output_versions[-1] if req.output_versions else engine.weight_version,
+        "weight_versions": req.weight_version_spans(), "e2e_latency": time.monotonic() - req.created,
+    }
+    if item.return_logprob:
+        with_text = item.return_text_in_logprobs
+        meta["output_token_logprobs"] = _entries(zip(req.output_logprobs, req.output_ids), tok, with_text)
+        start = max(item.logprob_start_len, 0)
+        prompt_part = list(zip(req.input_logprobs, req.prompt[start:])) if item.logprob_start_len >= 0 else []
+        meta["input_token_logprobs"] = _entries(prompt_part, tok, with_text)
+        if item.top_logprobs_num > 0:
+            meta["output_top_logprobs"] = [_entries(top, tok, with_text) for top in req.output_top_logprobs]
+            meta["input_top_logprobs"] = [None if top is None else _entries(top, tok, with_text)
+                                          for top in req.input_top_logprobs]
+    body: dict[str, Any] = {"output_ids": list(req.output_ids), "meta_info": meta}
+    body["text"] = text
+    return body
+
+
+def _entries(pairs, tok, with_text: bool) -> list[list[Any]]:
+    return [[lp, tid, tok.decode([tid]) if with_text else None] for lp, tid in pairs]
+
+
+def build_app(engine: Engine) -> FastAPI:
+    metrics = EngineMetrics(engine)
+    state: dict[str, Optional[WeightsUpdateGroup]] = {"group": None}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.stop()
+
+    app = FastAPI(title="asyncrl CPU engine (SGLang native API)", lifespan=lifespan)
+    install_error_handlers(app)
+    install_metrics(app, metrics.registry)
+
+    def new_rid() -> str:
+        return uuid.uuid4().hex
+
+    def run(item: GenerateItem) -> tuple[Req, asyncio.Queue]:
+        loop, updates = asyncio.get_running_loop(), asyncio.Queue()
+
+        def on_update(req: Req) -> None:  # engine thread
+            body = response_body(req, engine)
+            if req.finished:
+                metrics.finished(req)
+            loop.call_soon_threadsafe(updates.put_nowait, (body, req.finished))
+
+        return engine.submit(item, on_update), updates
+
+    async def until_finished(req: Req, updates: asyncio.Queue, request: Request) -> dict[str, Any]:
+        disconnected = asyncio.create_task(_wait_disconnect(request))
+        try:
+            while True:
+                getter = asyncio.create_task(updates.get())
+                done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    engine.call(lambda: engine.scheduler.abort(req.rid, "client disconnected"))
+                    return {}
+                body, finished = getter.result()
+                if finished:
+                    return body
+        finally:
+            disconnected.cancel()
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        items = split_batch(body, new_rid)
+        started = [run(item) for item in items]
+        if body.stream:
+            return StreamingResponse(_stream(started, engine), media_type="text/event-stream")
+        results = await asyncio.gather(*(until_finished(req, q, request) for req, q in started))
+        return JSONResponse(results if body.is_batch else results[0])
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        item = GenerateItem(rid=f"HEALTH_CHECK_{new_rid()}", input_ids=[0],
+                            sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            req, updates = run(item)
+            await asyncio.wait_for(until_finished(req, updates, request), timeout=20)
+            return Response(status_code=200)
+        except (asyncio.TimeoutError, RuntimeError):
+            return Response(status_code=503)
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return engine.model_info()
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return {**engine.server_info(), "internal_states": [engine.scheduler.loads()]}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, Any]:
+        return {"weight_version": engine.weight_version}
+
+    @app.get("/v1/loads")
+    @app.get("/get_load")
+    async def loads() -> dict[str, Any]:
+        return {"loads": [{"dp_rank": 0, **engine.scheduler.loads()}]}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": engine.args.served_model_name, "object": "model",
+                                            "owned_by": "asyncrl", "root": engine.args.model_path}]}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        def flush() -> bool:
+            if engine.scheduler.running or engine.scheduler.waiting:
+                return False
+            engine.scheduler.flush_cache()
+            return True
+        ok = await asyncio.wrap_future(engine.call(flush))
+        if ok:
+            return PlainTextResponse("Cache flushed.\n")
+        return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortRequest) -> dict[str, Any]:
+        if not body.abort_all and not body.rid:
+            return error_response(400, "give 'rid' or set 'abort_all'")
+        rid = None if body.abort_all else body.rid
+        count = await asyncio.wrap_future(engine.call(lambda: engine.scheduler.abort(rid)))
+        return {"success": True, "num_aborted": count}
+
+    @app.post("/pause_generation")
+    async def pause_generation(body: PauseGenerationRequest) -> dict[str, Any]:
+        def pause() -> None:
+            if body.mode == "abort":
+                engine.scheduler.abort(None, "aborted by pause_generation")
+            elif body.mode == "retract":
+                engine.scheduler.retract_all()
+            engine.scheduler.paused = True
+        await asyncio.wrap_future(engine.call(pause))
+        return {"status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict[str, Any]:
+        def resume() -> None:
+            engine.scheduler.paused = False
+        await asyncio.wrap_future(engine.call(resume))
+        return {"status": "ok"}
+
+    async def update(load, version: Optional[str], flush: bool, abort_all: bool = False) -> JSONResponse:
+        try:
+            message = await asyncio.wrap_future(engine.update_weights(load, version, flush, abort_all))
+        except (ValueError, RuntimeError, OSError, KeyError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> JSONResponse:
+        return await update(lambda: apply_from_disk(engine.model, body.model_path), body.weight_version,
+                            body.flush_cache, body.abort_all_requests)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(body: UpdateWeightsFromTensorRequest) -> JSONResponse:
+        tensors = decode_tensors(body.serialized_named_tensors, body.load_format)
+        return await update(lambda: apply_tensors(engine.model, tensors), body.weight_version, body.flush_cache)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        def init() -> None:
+            state["group"] = WeightsUpdateGroup(body.master_address, body.master_port, body.rank_offset,
+                                                body.world_size, body.backend, body.group_name)
+        try:
+            await asyncio.wrap_future(engine.call(init))
+        except (RuntimeError, ValueError) as err:
+            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
+        return JSONResponse({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest) -> JSONResponse:
+        group = state["group"]
+        if group is None or group.group_name != body.group_name:
+            return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
+                                status_code=400)
+        return await update(lambda: apply_tensors(engine.model, group.receive(body.names, body.dtypes, body.shapes)),
+                            body.weight_version, body.flush_cache)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
+        group = state["group"]
+        if group is None or group.group_name != body.group_name:
+            return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
+                                status_code=400)
+        await asyncio.wrap_future(engine.call(group.destroy))
+        state["group"] = None
+        return JSONResponse({"success": True, "message": f"destroyed {body.group_name}"})
+
+    return app
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> AsyncIterator[bytes]:
+    """SSE: one event per update of any request in the batch (cumulative output), then [DONE].
+    If the client goes away, the generator is closed and its requests are aborted."""
+    pending = {i: q for i, (_, q) in enumerate(started)}
+    try:
+        while pending:
+            getters = {asyncio.create_task(q.get()): i for i, q in pending.items()}
+            done, rest = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
+            for task in rest:
+                task.cancel()
+            for task in done:
+                body, finished = task.result()
+                if len(started) > 1:
+                    body["index"] = getters[task]
+                yield b"data: " + orjson.dumps(body) + b"\n\n"
+                if finished:
+                    pending.pop(getters[task])
+        yield b"data: [DONE]\n\n"
+    finally:
+        for i in pending:
+            rid = started[i][0].rid
+            engine.call(lambda rid=rid: engine.scheduler.abort(rid, "client disconnected"))
+
+
+def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str]]:
+    p = argparse.ArgumentParser(prog="asyncrl engine serve", description=__doc__)
+    p.add_argument("--model", "--model-path", dest="model_path", required=True, help="HF-format checkpoint dir")
+    p.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer_path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000, help="0 picks a free port (see --url-file)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-running-requests", type=int, default=128)
+    p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--chunked-prefill-size", type=int, default=512)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--weight-version", default="0")
+    p.add_argument("--num-threads", type=int, default=1)
+    p.add_argument("--served-model-name", default="asyncrl")
+    p.add_argument("--url-file", help="write the bound URL here once serving")
+    args = vars(p.parse_args(argv))
+    url_file = args.pop("url_file")
+    return EngineArgs(**args), url_file
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args, url_file = parse_args(argv)
+    engine = Engine(args).start()
+    serve(build_app(engine), args.host, args.port, url_file=url_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Receivers for the three weight-update paths of engine.md, for the built-in engine.
+
+- disk: an HF checkpoint directory (config.json + safetensors), read and copied into the live model.
+- tensor: `load_format="asyncrl_safetensors_b64"`: `serialized_named_tensors[0]` is the base64 text
+  of one safetensors blob holding HF-named tensors (a subset is fine). CPU-safe and process-portable,
+  unlike SGLang's CUDA-IPC handles; `encode_tensors` below is the sender side.
+- distributed: a torch.distributed group between the trainer (rank 0) and engines (rank_offset + i),
+  gloo on CPU, NCCL on GPU; tensors arrive by broadcast from rank 0 in the announced order.
+
+All paths end in `asyncrl.model.io.load_weights`, which copies by HF name into existing parameters
+(shapes checked), so the model object, its KV cache and compiled state survive an update.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+
+from asyncrl.model.io import dtype_from_name, load_weights, read_tensors
+
+log = logging.getLogger("rollout.weights")
+
+TENSOR_LOAD_FORMAT = "asyncrl_safetensors_b64"
+
+
+def encode_tensors(tensors: dict[str, torch.Tensor]) -> str:
+    """Sender side of update_weights_from_tensor: named tensors -> one base64 safetensors string."""
+    blob = save_safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+    return base64.b64encode(blob).decode("ascii")
+
+
+def decode_tensors(serialized: list[str], load_format: Optional[str]) -> dict[str, torch.Tensor]:
+    if load_format not in (None, TENSOR_LOAD_FORMAT):
+        raise ValueError(f"load_format {load_format!r} is not supported by the CPU engine (use {TENSOR_LOAD_FORMAT!r})")
+    if len(serialized) != 1:
+        raise ValueError(f"serialized_named_tensors must have one entry (tp_size 1), got {len(serialized)}")
+    return load_safetensors_bytes(base64.b64decode(serialized[0]))
+
+
+def apply_from_disk(model, path: str) -> int:
+    tensors = read_tensors(path)
+    load_weights(model, tensors, strict=True)
+    return len(tensors)
+
+
+def apply_tensors(model, tensors: dict[str, torch.Tensor]) -> int:
+    load_weights(model, tensors, strict=False)
+    return len(tensors)
+
+
+class WeightsUpdateGroup:
+    """The engine's end of a weight broadcast group (the trainer is rank 0)."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str,
+                 group_name: str, timeout_s: float = 300.0) -> None:
+        if dist.is_initialized():
+            raise RuntimeError("a weights update group already exists in this engine; destroy it first")
+        dist.init_process_group(backend=backend, init_method=f"tcp://{master_address}:{master_port}",
+                                rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        self.group_name, self.rank = group_name, rank
+        log.info("joined weights update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
+
+    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+        tensors = {}
+        for name, dtype, shape in zip(names, dtypes, shapes):
+            buffer = torch.empty(shape, dtype=dtype_from_name(dtype))
+            dist.broadcast(buffer, src=0)
+            tensors[name] = buffer
+        return tensors
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
