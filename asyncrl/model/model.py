@@ -29,8 +29,8 @@ from asyncrl.model.layers import DecoderLayer
 from asyncrl.model.norm import RMSNorm
 from asyncrl.model.rope import RotaryEmbedding
 
-FP32_TENSORS = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "indexer.weights_proj.weight")
-"""Kept in fp32 whatever the model dtype (as transformers keeps them): router and indexer head weights."""
+FP32_TENSORS = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+"""Kept in fp32 whatever the model dtype, as transformers keeps them (its strict fp32 list): the router."""
 
 
 @dataclass
