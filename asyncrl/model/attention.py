@@ -1,0 +1,167 @@
+"""Multi-head latent attention (MLA) with DeepSeek sparse attention (DSA), in absorbed form.
+
+Per token only the latent row [c | k_pe] (kv_lora_rank + qk_rope_head_dim values, 576 for GLM-5.1)
+is stored; kv_b_proj is never applied to the keys. Instead it is absorbed into the query and the output:
+
+    k_nope[s, h] = W_kc[h] c[s]      =>  q_nope[h] . k_nope[s, h] = (W_kc[h]^T q_nope[h]) . c[s]
+    v[s, h]      = W_vc[h] c[s]      =>  sum_s p[h, s] v[s, h]   = W_vc[h] (sum_s p[h, s] c[s])
+
+so training, prefill and decode all attend over the same latent rows (from the KV cache, or the batch's
+own fresh latents when there is no cache). Two interchangeable kernels:
+  sparse: gather only the k selected latent rows per query, O(T * k) time and memory;
+  dense:  all context rows with a (causal & selected) mask, O(T^2): the reference, and the fast path
+          while every context fits in index_topk (then every causal key is selected anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asyncrl.model.batch import ForwardBatch
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.indexer import Indexer, Selection
+from asyncrl.model.kv_cache import KVCache
+from asyncrl.model.norm import RMSNorm
+from asyncrl.model.rope import apply_rope, softmax_scale
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """Per-forward inputs every layer reads (read-only, so checkpointed layers can be re-run)."""
+
+    batch: ForwardBatch
+    cos: torch.Tensor
+    """[N, rope_dim / 2]"""
+    sin: torch.Tensor
+    cache: Optional[KVCache] = None
+    indexer_kl: bool = False
+    """Full-indexer layers also return the DeepSeek-V3.2 indexer alignment loss."""
+
+    def needs_selection(self, index_topk: int) -> bool:
+        impl = self.batch.attention_impl
+        return impl == "sparse" or self.batch.max_context > index_topk or self.indexer_kl
+
+
+@dataclass
+class AttentionOutput:
+    out: torch.Tensor
+    """[N, hidden]"""
+    selection: Optional[Selection]
+    """This layer's selection (a full layer's own, or the one it reused); None: every causal key."""
+    indexer_kl: Optional[torch.Tensor] = None
+    """Scalar KL(attention || indexer) per-token mean, on full layers when ctx.indexer_kl."""
+
+
+class MLA(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.kv_lora_rank = config.num_attention_heads, config.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.index_topk = config.index_topk
+        self.scale = softmax_scale(config)
+        bias = config.attention_bias
+        self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias)
+        self.q_a_layernorm = RMSNorm(config.q_lora_rank)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.n_heads * config.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(config.hidden_size, config.kv_cache_width, bias=bias)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.n_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.v_dim, config.hidden_size, bias=bias)
+        self.indexer = Indexer(config) if config.layer_indexer_types[layer_idx] == "full" else None
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selection]) -> AttentionOutput:
+        """x [N, hidden] (normed); `shared`: the previous full layer's selection (used on "shared" layers).
+
+        Writes this layer's cache rows when ctx.cache is set.
+        """
+        q_resid = self.q_a_layernorm(self.q_a_proj(x))  # [N, q_lora]
+        q = self.q_b_proj(q_resid).view(x.shape[0], self.n_heads, -1)  # [N, h, nope + rope]
+        q_rope = apply_rope(q[..., self.nope_dim :], ctx.cos[:, None], ctx.sin[:, None])
+        store = self._store(self.latent(x, ctx), ctx, ctx.cache.latent[self.layer_idx] if ctx.cache else None)
+        selection = self._select(x, q_resid, ctx) if self.indexer is not None else shared
+        query = self.absorb_query(q[..., : self.nope_dim], q_rope)  # [N, h, kv_lora + rope]
+        kl = None
+        if selection is not None and ctx.batch.attention_impl != "dense":
+            out, probs = self.sparse_attention(query, store, selection, ctx.batch)
+            if self.indexer is not None and ctx.indexer_kl:
+                kl = self._indexer_kl(x, q_resid, probs, selection, ctx)
+        else:
+            out = self.dense_attention(query, store, selection, ctx.batch)
+        return AttentionOutput(self.o_proj(self.absorb_output(out).flatten(1)), selection, kl)
+
+    def latent(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """x [N, hidden] -> latent rows [N, kv_lora + rope]: normed c_kv and the rotated shared rope key."""
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        return torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_pe, ctx.cos, ctx.sin)], dim=-1)
+
+    @staticmethod
+    def _store(rows: torch.Tensor, ctx: AttentionContext, pool: Optional[torch.Tensor]) -> torch.Tensor:
+        """The table the batch's context slots index: the cache pool (after writing rows) or the rows."""
+        if pool is None:
+            return rows
+        pool[ctx.batch.write_slots] = rows.to(pool.dtype)
+        return pool
+
+    @torch.no_grad()
+    def _select(self, x: torch.Tensor, q_resid: torch.Tensor, ctx: AttentionContext) -> Optional[Selection]:
+        """Write this layer's index keys; run the indexer when some context is longer than index_topk."""
+        keys = self.indexer.keys(x, ctx.cos, ctx.sin)
+        index_pool = ctx.cache.index_keys_of(self.layer_idx) if ctx.cache else None
+        key_store = self._store(keys, ctx, index_pool)
+        if not ctx.needs_selection(self.index_topk):
+            return None
+        q, weights = self.indexer.queries(x, q_resid, ctx.cos, ctx.sin)
+        return self.indexer.select(q, weights, key_store, ctx.batch)
+
+    def absorb_query(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
+        """q_nope [N, h, nope], q_rope [N, h, rope] -> [N, h, kv_lora + rope] (dot it with latent rows)."""
+        w_kc = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)[:, : self.nope_dim]
+        return torch.cat([torch.einsum("nhd,hdc->nhc", q_nope, w_kc), q_rope], dim=-1)
+
+    def absorb_output(self, out_latent: torch.Tensor) -> torch.Tensor:
+        """[N, h, kv_lora] attention-weighted latents -> values [N, h, v]."""
+        w_vc = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)[:, self.nope_dim :]
+        return torch.einsum("nhc,hvc->nhv", out_latent, w_vc)
+
+    def sparse_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Selection, batch: ForwardBatch
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attend over the k selected rows only -> latents [N, h, kv_lora] and probs [N, h, k]."""
+        slots, valid = selection.slots(batch)  # [N, k]
+        rows = store[slots].to(query.dtype)  # [N, k, kv_lora + rope]
+        scores = torch.einsum("nhc,nkc->nhk", query, rows) * self.scale
+        probs = scores.masked_fill(~valid[:, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
+        return torch.einsum("nhk,nkc->nhc", probs, rows[..., : self.kv_lora_rank]), probs
+
+    def dense_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Optional[Selection],
+                        batch: ForwardBatch) -> torch.Tensor:
+        """Attend over every context row with a causal (and selection) mask -> latents [N, h, kv_lora]."""
+        rows = store[batch.context_slots].to(query.dtype)  # [B, Lk, kv_lora + rope]
+        mask = torch.arange(batch.max_context, device=query.device) <= batch.query_positions[..., None]  # [B, Lq, Lk]
+        if selection is not None:
+            mask &= selection.dense_mask(batch.max_context)
+        scores = torch.einsum("bqhc,bkc->bqhk", batch.to_padded(query), rows) * self.scale
+        probs = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
+        return batch.to_flat(torch.einsum("bqhk,bkc->bqhc", probs, rows[..., : self.kv_lora_rank]))
+
+    def _indexer_kl(self, x: torch.Tensor, q_resid: torch.Tensor, probs: torch.Tensor, selection: Selection,
+                    ctx: AttentionContext) -> torch.Tensor:
+        """DeepSeek-V3.2 indexer alignment on the selected keys: mean_t KL(p_t || softmax(I_t)).
+
+        p_t is the head-summed, L1-normalised main attention (a detached target); the indexer sees
+        detached inputs, so this loss trains the indexer only.
+        """
+        slots, valid = selection.slots(ctx.batch)  # [N, k]
+        x, q_resid = x.detach(), q_resid.detach()
+        keys = self.indexer.keys(x, ctx.cos, ctx.sin)[slots]  # [N, k, D] (no cache while training)
+        q, weights = self.indexer.queries(x, q_resid, ctx.cos, ctx.sin)
+        log_q = self.indexer.selected_scores(q, weights, keys).masked_fill(~valid, float("-inf")).log_softmax(-1)
+        target = probs.detach().float().sum(1)
+        target = target / target.sum(-1, keepdim=True)  # [N, k]
+        kl = torch.xlogy(target, target) - target * log_q.masked_fill(~valid, 0.0)
+        return kl.sum(-1).mean()

@@ -1,0 +1,121 @@
+"""`ForwardBatch`: the one input type of a model forward, for the engine and the trainer alike.
+
+A ragged batch of B sequences. Each sequence brings its new tokens (a prefill chunk, or one decode
+token) and the slot ids of its *whole* context in order (cached prefix, then the new tokens). Slots
+index the rows of a `KVCache` (the engine allocates them); new tokens' latents are written to their
+slots, then every query attends over its sequence's context. A context is always the sequence from
+position 0, so a token's position is its index in the context. Two sequences that list the same
+slots share a cached prefix.
+
+Without a cache (teacher-forced training) the "slots" are flat row indices into the batch's own
+tokens: `ForwardBatch.packed(input_ids, cu_seqlens)` builds that, with no cross-sequence attention.
+
+Queries are laid out padded per sequence ([B, Lq], Lq = longest extend) where the indexer and the
+dense attention need per-sequence key matrices, and flat ([N]) everywhere else. A mix of prefill
+chunks and decode tokens in one call is correct, but costs B x Lq in the indexer: schedule prefill
+and decode in separate calls (as SGLang does by default) when that matters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Sequence
+
+import torch
+
+AttentionImpl = Literal["auto", "sparse", "dense"]
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor
+    """[N] int64: new tokens of all sequences, one sequence after the other."""
+    extend_lens: torch.Tensor
+    """[B] int64: new tokens per sequence (>= 1)."""
+    context_slots: torch.Tensor
+    """[B, Lk] int64: slot ids of each sequence's context, position order, right-padded (any valid slot)."""
+    context_lens: torch.Tensor
+    """[B] int64: context length (cached prefix + new tokens) of each sequence."""
+    logits_indices: Optional[torch.Tensor] = None
+    """[M] int64: rows of `input_ids` whose logits are returned (None: all N rows)."""
+    attention_impl: AttentionImpl = "auto"
+    """`sparse`: gather only the selected keys (O(T*k)). `dense`: masked attention over the whole context
+    (reference, O(T^2)). `auto`: dense while every context fits in index_topk (no selection needed;
+    the indexer is skipped), else sparse."""
+    max_score_elements: int = 1 << 24
+    """Indexer scores are computed in query chunks of at most this many fp32 values (memory bound)."""
+
+    # Derived in __post_init__ ---------------------------------------------------------------------
+    positions: torch.Tensor = field(init=False)
+    """[N]: position of each new token in its sequence."""
+    write_slots: torch.Tensor = field(init=False)
+    """[N]: slot that receives each new token's latent."""
+    query_rows: torch.Tensor = field(init=False)
+    """[B, Lq]: flat row of each padded query (pad entries point at row 0)."""
+    query_positions: torch.Tensor = field(init=False)
+    """[B, Lq]: position of each padded query (0 for pads)."""
+    padded_rows: torch.Tensor = field(init=False)
+    """[N]: index of each flat row in the padded [B * Lq] layout."""
+
+    def __post_init__(self) -> None:
+        device = self.input_ids.device
+        num_seqs, num_tokens = self.extend_lens.numel(), self.input_ids.numel()
+        if int(self.extend_lens.sum()) != num_tokens:
+            raise ValueError(f"ForwardBatch: extend_lens sum to {int(self.extend_lens.sum())}, input_ids has {num_tokens}")
+        if bool((self.extend_lens > self.context_lens).any()) or bool((self.extend_lens < 1).any()):
+            raise ValueError("ForwardBatch: each sequence needs 1 <= extend_len <= context_len")
+        if int(self.context_lens.max()) > self.context_slots.shape[1]:
+            raise ValueError("ForwardBatch: context_slots is narrower than the longest context")
+        seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), self.extend_lens)  # [N]
+        starts = torch.cumsum(self.extend_lens, 0) - self.extend_lens  # [B] first flat row of each sequence
+        offset = torch.arange(num_tokens, device=device) - starts[seq]  # [N] index among the new tokens
+        self.positions = self.context_lens[seq] - self.extend_lens[seq] + offset
+        self.write_slots = self.context_slots[seq, self.positions]
+        max_extend = int(self.extend_lens.max())
+        self.padded_rows = seq * max_extend + offset
+        self.query_rows = torch.zeros(num_seqs * max_extend, dtype=torch.long, device=device)
+        self.query_rows[self.padded_rows] = torch.arange(num_tokens, device=device)
+        self.query_rows = self.query_rows.view(num_seqs, max_extend)
+        self.query_positions = torch.zeros(num_seqs * max_extend, dtype=torch.long, device=device)
+        self.query_positions[self.padded_rows] = self.positions
+        self.query_positions = self.query_positions.view(num_seqs, max_extend)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.extend_lens.numel()
+
+    @property
+    def max_context(self) -> int:
+        return self.context_slots.shape[1]
+
+    def to_padded(self, flat: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [B, Lq, ...] (pad rows repeat row 0; their outputs are never read)."""
+        return flat[self.query_rows]
+
+    def to_flat(self, padded: torch.Tensor) -> torch.Tensor:
+        """[B, Lq, ...] -> [N, ...]."""
+        return padded.flatten(0, 1)[self.padded_rows]
+
+    # Constructors ---------------------------------------------------------------------------------
+    @classmethod
+    def packed(cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, **kwargs) -> "ForwardBatch":
+        """Teacher-forced batch without a cache: flat tokens [N], cu_seqlens [B + 1] (0, ..., N)."""
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        width = int(lens.max())
+        slots = cu_seqlens[:-1, None].long() + torch.arange(width, device=input_ids.device)  # [B, Lk]
+        slots = torch.where(slots < cu_seqlens[1:, None], slots, torch.zeros_like(slots))
+        return cls(input_ids.long(), lens, slots, lens, **kwargs)
+
+    @classmethod
+    def from_lists(cls, new_tokens: Sequence[Sequence[int]], context_slots: Sequence[Sequence[int]],
+                   logits: Literal["last", "all"] = "last", **kwargs) -> "ForwardBatch":
+        """Engine-side convenience: per sequence its new token ids and the slot ids of its whole context."""
+        if len(new_tokens) != len(context_slots):
+            raise ValueError("ForwardBatch.from_lists: one context_slots list per sequence")
+        width = max(len(s) for s in context_slots)
+        slots = torch.tensor([list(s) + [s[0]] * (width - len(s)) for s in context_slots], dtype=torch.long)
+        ext = torch.tensor([len(t) for t in new_tokens], dtype=torch.long)
+        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
+        last = torch.cumsum(ext, 0) - 1
+        return cls(ids, ext, slots, torch.tensor([len(s) for s in context_slots], dtype=torch.long),
+                   logits_indices=last if logits == "last" else None, **kwargs)

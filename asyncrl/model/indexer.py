@@ -1,0 +1,112 @@
+"""DSA lightning indexer: picks the k context tokens each query attends to (REFERENCE.md).
+
+    qi = wq_b(q_resid) -> [Hi, D], each head [rope | pass]      ki = LayerNorm(wk(x)) -> [D], rope on first part
+    w  = weights_proj(x) * Hi^-0.5 (fp32)
+    I[t, s] = sum_h w[t, h] * ReLU(qi[t, h] . ki[s] * D^-0.5)   for s <= t
+    selected(t) = top-k of I[t, :], k = min(index_topk, t + 1)
+
+Tie-break (RL needs it deterministic): among equal scores the lower position wins. It is built into the
+top-k key itself (score bits in the high 32 bits, inverted position in the low 32), so every key is
+unique and the selected set depends only on the scores of the causal keys: not on row length (padding),
+batch composition, chunking or cache state. -0.0 and +0.0 count as equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asyncrl.model.batch import ForwardBatch
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.rope import apply_rope
+
+
+@dataclass
+class Selection:
+    """The keys each query attends to, as positions in its sequence's context."""
+
+    index: torch.Tensor
+    """[B, Lq, k] int64 context positions (sorted by score, best first)."""
+    valid: torch.Tensor
+    """[B, Lq, k] bool: False where the query has fewer than k causal keys."""
+
+    def slots(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ids [N, k] and validity [N, k] per flat query (what the sparse gather reads)."""
+        num_seqs, max_extend, k = self.index.shape
+        slots = batch.context_slots.gather(1, self.index.view(num_seqs, -1)).view(num_seqs, max_extend, k)
+        return batch.to_flat(slots), batch.to_flat(self.valid)
+
+    def dense_mask(self, context_width: int) -> torch.Tensor:
+        """[B, Lq, Lk] bool: True at selected keys (the dense reference path's mask)."""
+        mask = torch.zeros(*self.index.shape[:2], context_width, dtype=torch.bool, device=self.index.device)
+        return mask.scatter_(2, self.index, self.valid)
+
+
+class Indexer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim, self.rope_dim = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+        self.index_topk = config.index_topk
+        self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.hidden_size, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
+        self.softmax_scale = self.head_dim**-0.5
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden] -> index keys [N, D] (what the cache stores per token)."""
+        k = self.k_norm(self.wk(x))
+        return torch.cat([apply_rope(k[:, : self.rope_dim], cos, sin), k[:, self.rope_dim :]], dim=-1)
+
+    def queries(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> index queries [N, Hi, D] and fp32 head weights [N, Hi]."""
+        q = self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim)  # [N, Hi, D]
+        q_rope = apply_rope(q[..., : self.rope_dim], cos[:, None], sin[:, None])
+        q = torch.cat([q_rope, q[..., self.rope_dim :]], dim=-1)
+        weights = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads**-0.5
+        return q, weights
+
+    @torch.no_grad()
+    def select(self, q: torch.Tensor, weights: torch.Tensor, key_store: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Top-k context positions per query. q [N, Hi, D], weights [N, Hi], key_store [slots, D]."""
+        keys = key_store[batch.context_slots].float()  # [B, Lk, D]
+        q_pad, w_pad = batch.to_padded(q).float(), batch.to_padded(weights)  # [B, Lq, Hi, D], [B, Lq, Hi]
+        num_seqs, max_extend = batch.query_positions.shape
+        k = min(self.index_topk, batch.max_context)
+        rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
+        picked = []
+        for start in range(0, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
+            scores = index_scores(q_pad[:, start : start + rows], w_pad[:, start : start + rows], keys, self.softmax_scale)
+            picked.append(topk_lower_position_wins(scores, batch.query_positions[:, start : start + rows], k))
+        index = torch.cat(picked, dim=1)  # [B, Lq, k]
+        return Selection(index, index <= batch.query_positions[..., None])
+
+    def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Differentiable index scores of gathered keys: q [N, Hi, D], weights [N, Hi], keys [N, k, D] -> [N, k]."""
+        scores = F.relu(torch.einsum("nhd,nkd->nhk", q.float(), keys.float()) * self.softmax_scale)
+        return torch.einsum("nh,nhk->nk", weights, scores)
+
+
+def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """I = sum_h w_h ReLU(q_h . k * scale): q [B, Lq, Hi, D], weights [B, Lq, Hi], keys [B, Lk, D] -> [B, Lq, Lk]."""
+    scores = F.relu(torch.matmul(q, keys.transpose(1, 2).unsqueeze(1)) * scale)  # [B, Lq, Hi, Lk]
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
+
+
+def topk_lower_position_wins(scores: torch.Tensor, query_positions: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k key positions of scores [..., Lk] among causal keys (position <= query position) -> [..., k].
+
+    Keys are ranked by (score, -position) packed into one int64, so no two keys tie.
+    """
+    width = scores.shape[-1]
+    key_pos = torch.arange(width, device=scores.device)
+    causal = key_pos <= query_positions[..., None]
+    scores = torch.where(causal, scores + 0.0, float("-inf"))  # + 0.0 turns -0.0 into +0.0
+    bits = scores.contiguous().view(torch.int32)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
+    rank_key = (ordered.to(torch.int64) << 32) | (0x7FFFFFFF - key_pos)  # ties: lower position is larger
+    return rank_key.topk(k, dim=-1).indices

@@ -1,0 +1,31 @@
+"""One decoder layer: pre-norm MLA, then pre-norm MLP (first_k_dense_replace layers) or MoE."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from asyncrl.model.attention import MLA, AttentionContext, AttentionOutput
+from asyncrl.model.indexer import Selection
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.moe import MLP, MoE
+from asyncrl.model.norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MLA(config, layer_idx)
+        dense = config.layer_mlp_types[layer_idx] == "dense"
+        self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else MoE(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selection]
+                ) -> tuple[torch.Tensor, AttentionOutput]:
+        """x [N, hidden] -> [N, hidden], and the attention's selection / indexer loss."""
+        attn = self.self_attn(self.input_layernorm(x), ctx, shared)
+        x = x + attn.out
+        return x + self.mlp(self.post_attention_layernorm(x)), attn

@@ -1,0 +1,164 @@
+"""The GLM-5 causal LM (HF `GlmMoeDsaForCausalLM`): the one model the engine and the trainer run.
+
+Engine:   logits = model.forward_batch(ForwardBatch(...), cache)        (see batch.py, kv_cache.py)
+Trainer:  out = model.token_logprobs(input_ids, cu_seqlens, targets)    (packed, differentiable)
+          model.freeze_indexer(); model.set_gradient_checkpointing(True)
+Both:     asyncrl.model.io.load_pretrained(dir) / save_pretrained(model, dir);
+          Glm5ForCausalLM.from_config(config, seed) for a deterministic random init.
+
+`state_dict()` keys are exactly the HF safetensors names (model.layers.N.self_attn.indexer.wq_b.weight,
+model.layers.N.mlp.experts.E.gate_proj.weight, ...), so weights move to transformers / SGLang by name.
+MTP layers (model.layers.{num_hidden_layers + i}.*) are not run; their tensors ride along in
+`mtp_tensors` so a checkpoint round-trips intact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from asyncrl.model.attention import AttentionContext
+from asyncrl.model.batch import ForwardBatch
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.kv_cache import KVCache
+from asyncrl.model.layers import DecoderLayer
+from asyncrl.model.norm import RMSNorm
+from asyncrl.model.rope import RotaryEmbedding
+
+FP32_TENSORS = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+"""Kept in fp32 whatever the model dtype, as transformers keeps them (its strict fp32 list): the router."""
+
+
+@dataclass
+class TokenLogprobs:
+    logprobs: torch.Tensor
+    """[N] log p(targets[n] | tokens <= n of its sequence)."""
+    entropy: Optional[torch.Tensor]
+    """[N] entropy of the next-token distribution (None when not asked)."""
+    indexer_kl: Optional[torch.Tensor]
+    """Scalar indexer alignment loss (mean over full-indexer layers), when asked."""
+
+
+class Glm5Model(nn.Module):
+    """Embeddings, decoder layers, final norm (HF prefix `model.`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.gradient_checkpointing = False
+
+    def forward(self, batch: ForwardBatch, cache: Optional[KVCache] = None, indexer_kl: bool = False
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> final hidden states [N, hidden] and the full layers' indexer losses (if asked)."""
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary_emb(batch.positions, x.dtype)
+        ctx = AttentionContext(batch, cos, sin, cache, indexer_kl)
+        selection, losses = None, []
+        for layer in self.layers:
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x, attn = checkpoint(layer, x, ctx, selection, use_reentrant=False)
+            else:
+                x, attn = layer(x, ctx, selection)
+            selection = attn.selection
+            if attn.indexer_kl is not None:
+                losses.append(attn.indexer_kl)
+        return self.norm(x), losses
+
+
+class Glm5ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Glm5Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.mtp_tensors: dict[str, torch.Tensor] = {}
+        """HF-named tensors of the MTP layers: loaded and saved, never run or trained."""
+
+    # Construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> "Glm5ForCausalLM":
+        """Random init, deterministic in `seed` (global RNG untouched): N(0, initializer_range) for
+        projections, embeddings, experts and router; ones for norm scales; zeros for biases."""
+        with torch.random.fork_rng(devices=[]):
+            model = cls(config)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.normal_(0.0, config.initializer_range, generator=generator)
+        return model.cast(dtype)
+
+    def cast(self, dtype: torch.dtype) -> "Glm5ForCausalLM":
+        """Cast to dtype, keeping FP32_TENSORS in fp32."""
+        for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+            if tensor.is_floating_point() and not name.endswith(FP32_TENSORS) and name != "model.rotary_emb.inv_freq":
+                tensor.data = tensor.data.to(dtype)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    # Engine --------------------------------------------------------------------------------------
+    def forward_batch(self, batch: ForwardBatch, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Run new tokens against their cached contexts; writes their cache rows.
+
+        -> fp32 logits [M, vocab] of rows batch.logits_indices (all N rows if None).
+        """
+        hidden, _ = self.model(batch, cache)
+        if batch.logits_indices is not None:
+            hidden = hidden[batch.logits_indices]
+        return self.lm_head(hidden).float()
+
+    def forward(self, input_ids: torch.Tensor, **batch_options) -> torch.Tensor:
+        """Full teacher-forced logits of equal-length sequences: input_ids [B, T] -> fp32 [B, T, vocab]."""
+        num_seqs, length = input_ids.shape
+        cu_seqlens = torch.arange(num_seqs + 1) * length
+        logits = self.forward_batch(ForwardBatch.packed(input_ids.reshape(-1), cu_seqlens, **batch_options))
+        return logits.view(num_seqs, length, -1)
+
+    # Trainer -------------------------------------------------------------------------------------
+    def token_logprobs(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, targets: torch.Tensor, *,
+                       temperature: float = 1.0, with_entropy: bool = True, indexer_kl: bool = False,
+                       **batch_options) -> TokenLogprobs:
+        """Teacher-forced log-probs of `targets` for packed sequences (no cross-sequence attention).
+
+        input_ids, targets [N] (targets[n]: the token that follows position n; mask the last token of
+        each sequence in the loss), cu_seqlens [B + 1]. Differentiable; logits are divided by
+        `temperature` (1.0 in RL) and taken in fp32.
+        """
+        batch = ForwardBatch.packed(input_ids, cu_seqlens, **batch_options)
+        hidden, losses = self.model(batch, indexer_kl=indexer_kl)
+        logp_all = (self.lm_head(hidden).float() / temperature).log_softmax(-1)  # [N, vocab]
+        logprobs = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        kl = torch.stack(losses).mean() if losses else None
+        return TokenLogprobs(logprobs, entropy, kl)
+
+    def indexer_parameters(self) -> Iterator[nn.Parameter]:
+        for layer in self.model.layers:
+            if layer.self_attn.indexer is not None:
+                yield from layer.self_attn.indexer.parameters()
+
+    def freeze_indexer(self) -> None:
+        """RL keeps the indexer fixed (GLM-5 §3.2): no gradients; build the optimizer from
+        `p for p in model.parameters() if p.requires_grad` and it never touches them."""
+        for param in self.indexer_parameters():
+            param.requires_grad_(False)
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each decoder layer in backward instead of storing its activations."""
+        self.model.gradient_checkpointing = enabled
