@@ -9,6 +9,7 @@ Each component reads only its own section.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -206,3 +207,12 @@ def to_dataclass(cfg: DictConfig) -> RunConfig:
     run: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     run.run_dir = run.run_dir or f"runs/{run.name}"
     return run
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_model_section(name: str = "tiny") -> ModelSection:
+    """configs/model/<name>.yaml as a validated ModelSection (for tools, tests and benchmarks)."""
+    raw = OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelSection), raw))  # type: ignore[return-value]

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TypeVar
 
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
 log = logging.getLogger("asyncrl.service")
 
@@ -35,6 +40,20 @@ def validation_message(exc: RequestValidationError) -> str:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
+
+
+async def parse_json_body(request: Request, model: type[BaseModelT]) -> BaseModelT:
+    """Parse a JSON body whatever its Content-Type (curl -d sends form encoding), into `model`;
+    malformed JSON and schema violations raise RequestValidationError (-> 400 naming the field)."""
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise RequestValidationError([{"loc": ("body",), "msg": f"malformed JSON: {err}"}]) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise RequestValidationError(err.errors()) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,7 +87,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, log_level: str = "warning") -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn handles both: stop accepting, finish in-flight, run shutdown)."""
+    """Serve until SIGINT/SIGTERM: stop accepting, finish in-flight requests, run the app's shutdown,
+    exit 0. (uvicorn re-raises the signal after its graceful shutdown; the no-op handlers installed
+    here absorb that, so a clean stop is not reported as death by signal.)"""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     sock = bind_socket(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10,
@@ -87,3 +110,4 @@ def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, lo
         await serve_task
 
     asyncio.run(run())
+    log.info("%s stopped", url)

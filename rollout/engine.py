@@ -22,7 +22,7 @@ import torch
 from asyncrl.model.io import dtype_from_name, load_pretrained
 from asyncrl.model.kv_cache import KVCache
 from asyncrl.tokenizer import Tokenizer, load_tokenizer
-from rollout.protocol import GenerateItem
+from asyncrl.protocols.engine import GenerateItem
 from rollout.request import Req
 from rollout.scheduler import Scheduler, SchedulerConfig
 

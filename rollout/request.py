@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from rollout.protocol import GenerateItem
+from asyncrl.protocols.engine import GenerateItem
 
 
 @dataclass(eq=False)

@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from asyncrl.service import error_response, install_error_handlers, install_metrics, serve
+from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
 from rollout.engine import Engine, EngineArgs
-from rollout.protocol import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
+from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
                               InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
                               UpdateWeightsFromTensorRequest, split_batch)
@@ -134,7 +134,8 @@ def build_app(engine: Engine) -> FastAPI:
             disconnected.cancel()
 
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: GenerateRequest, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
+        body = await parse_json_body(request, GenerateRequest)
         items = split_batch(body, new_rid)
         started = [run(item) for item in items]
         if body.stream:

@@ -1,9 +1,8 @@
 """Receivers for the three weight-update paths of engine.md, for the built-in engine.
 
 - disk: an HF checkpoint directory (config.json + safetensors), read and copied into the live model.
-- tensor: `load_format="asyncrl_safetensors_b64"`: `serialized_named_tensors[0]` is the base64 text
-  of one safetensors blob holding HF-named tensors (a subset is fine). CPU-safe and process-portable,
-  unlike SGLang's CUDA-IPC handles; `encode_tensors` below is the sender side.
+- tensor: `load_format="asyncrl_safetensors_b64"` (asyncrl/tensor_codec.py): one base64 safetensors
+  blob of HF-named tensors (a subset is fine); CPU-safe, unlike SGLang's CUDA-IPC handles.
 - distributed: a torch.distributed group between the trainer (rank 0) and engines (rank_offset + i),
   gloo on CPU, NCCL on GPU; tensors arrive by broadcast from rank 0 in the announced order.
 
@@ -13,27 +12,16 @@ All paths end in `asyncrl.model.io.load_weights`, which copies by HF name into e
 
 from __future__ import annotations
 
-import base64
 import logging
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import save as save_safetensors_bytes
-
 from asyncrl.model.io import dtype_from_name, load_weights, read_tensors
+from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, decode_named_tensors
 
 log = logging.getLogger("rollout.weights")
-
-TENSOR_LOAD_FORMAT = "asyncrl_safetensors_b64"
-
-
-def encode_tensors(tensors: dict[str, torch.Tensor]) -> str:
-    """Sender side of update_weights_from_tensor: named tensors -> one base64 safetensors string."""
-    blob = save_safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
-    return base64.b64encode(blob).decode("ascii")
 
 
 def decode_tensors(serialized: list[str], load_format: Optional[str]) -> dict[str, torch.Tensor]:
@@ -41,7 +29,7 @@ def decode_tensors(serialized: list[str], load_format: Optional[str]) -> dict[st
         raise ValueError(f"load_format {load_format!r} is not supported by the CPU engine (use {TENSOR_LOAD_FORMAT!r})")
     if len(serialized) != 1:
         raise ValueError(f"serialized_named_tensors must have one entry (tp_size 1), got {len(serialized)}")
-    return load_safetensors_bytes(base64.b64decode(serialized[0]))
+    return decode_named_tensors(serialized[0])
 
 
 def apply_from_disk(model, path: str) -> int:

@@ -20,3 +20,30 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def run_name() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_arch():
+    from asyncrl.config import load_model_section
+
+    return load_model_section("tiny").arch
+
+
+def save_tiny_checkpoint(path, arch, seed: int):
+    from asyncrl.model.io import save_pretrained
+    from asyncrl.model.model import Glm5ForCausalLM
+
+    save_pretrained(Glm5ForCausalLM.from_config(arch, seed=seed), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_arch):
+    """A random tiny GLM-5 in HF format (seed 0)."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-seed0"), tiny_arch, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_b(tmp_path_factory, tiny_arch):
+    """The same architecture with other weights (seed 1): a 'new version' for weight updates."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-seed1"), tiny_arch, seed=1)

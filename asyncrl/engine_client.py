@@ -1,0 +1,192 @@
+"""Typed async client for every engine endpoint (engine.md), used by the gateway and the trainer.
+
+It speaks SGLang's native API, so it drives the built-in CPU engine and a real SGLang server alike.
+Timeouts are per call. Retries: idempotent reads retry on connection errors and 5xx; /generate
+retries only when the connection failed before the request was sent (never a duplicate generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+import orjson
+import torch
+
+from asyncrl.protocols.engine import GenerateResponse, LoadsResponse, WeightsUpdateResponse
+from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, encode_named_tensors
+
+log = logging.getLogger("asyncrl.engine_client")
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class EngineError(RuntimeError):
+    def __init__(self, url: str, status: int, message: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class EngineClient:
+    def __init__(self, base_url: str, timeout_s: float = 600.0, retries: int = 3,
+                 client: Optional[httpx.AsyncClient] = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                                   limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+        self._owns_client = client is None
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # Transport ---------------------------------------------------------------------------------
+    async def _request(self, method: str, path: str, body: Any = None, idempotent: bool = False,
+                       timeout_s: Optional[float] = None) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        content = orjson.dumps(body) if body is not None else None
+        headers = {"content-type": "application/json"} if body is not None else None
+        retryable = httpx.TransportError if idempotent else (httpx.ConnectError, httpx.ConnectTimeout)
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._client.request(method, url, content=content, headers=headers,
+                                                      timeout=timeout_s or self.timeout_s)
+            except retryable:
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(0.1 * 2 ** attempt)
+                continue
+            if response.status_code >= 500 and idempotent and attempt < self.retries:
+                await asyncio.sleep(0.1 * 2 ** attempt)
+                continue
+            return response
+        raise AssertionError("unreachable")
+
+    async def _json(self, method: str, path: str, body: Any = None, idempotent: bool = False,
+                    timeout_s: Optional[float] = None) -> Any:
+        response = await self._request(method, path, body, idempotent, timeout_s)
+        if response.status_code >= 400:
+            raise EngineError(self.base_url, response.status_code, _error_message(response))
+        return orjson.loads(response.content)
+
+    # Generation --------------------------------------------------------------------------------
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: Optional[str] = None,
+                       return_logprob: bool = True, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                       timeout_s: Optional[float] = None) -> GenerateResponse:
+        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
+                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
+        if rid is not None:
+            body["rid"] = rid
+        return GenerateResponse.model_validate(await self._json("POST", "/generate", body, timeout_s=timeout_s))
+
+    async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any], *,
+                              rid: Optional[str] = None, return_logprob: bool = True) -> AsyncIterator[GenerateResponse]:
+        """Cumulative snapshots until the request finishes."""
+        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
+                "stream": True, **({"rid": rid} if rid else {})}
+        async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
+                                       headers={"content-type": "application/json"}) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise EngineError(self.base_url, response.status_code, _error_message(response))
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield GenerateResponse.model_validate(orjson.loads(line[6:]))
+
+    # Health and info ---------------------------------------------------------------------------
+    async def health(self, timeout_s: float = 5.0) -> bool:
+        try:
+            return (await self._request("GET", "/health", idempotent=True, timeout_s=timeout_s)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def health_generate(self, timeout_s: float = 30.0) -> bool:
+        try:
+            response = await self._request("GET", "/health_generate", timeout_s=timeout_s)
+            return response.status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._json("GET", "/get_model_info", idempotent=True)
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._json("GET", "/get_server_info", idempotent=True)
+
+    async def loads(self) -> LoadsResponse:
+        return LoadsResponse.model_validate(await self._json("GET", "/v1/loads", idempotent=True))
+
+    async def weight_version(self) -> str:
+        return str((await self.model_info())["weight_version"])
+
+    # Control -----------------------------------------------------------------------------------
+    async def flush_cache(self) -> bool:
+        return (await self._request("POST", "/flush_cache")).status_code == 200
+
+    async def abort(self, rid: Optional[str] = None, abort_all: bool = False) -> None:
+        await self._json("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self._json("POST", "/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._json("POST", "/continue_generation", {})
+
+    # Weights -----------------------------------------------------------------------------------
+    async def update_weights_from_disk(self, model_path: str, weight_version: Optional[str] = None,
+                                       flush_cache: bool = True) -> WeightsUpdateResponse:
+        return await self._update("/update_weights_from_disk", {
+            "model_path": model_path, "weight_version": weight_version, "flush_cache": flush_cache})
+
+    async def update_weights_from_tensor(self, tensors: dict[str, torch.Tensor], weight_version: Optional[str] = None,
+                                         flush_cache: bool = True) -> WeightsUpdateResponse:
+        return await self._update("/update_weights_from_tensor", {
+            "serialized_named_tensors": [encode_named_tensors(tensors)], "load_format": TENSOR_LOAD_FORMAT,
+            "weight_version": weight_version, "flush_cache": flush_cache})
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str = "weight_update_group",
+                                        backend: str = "gloo") -> WeightsUpdateResponse:
+        return await self._update("/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    async def update_weights_from_distributed(self, tensors: dict[str, torch.Tensor], weight_version: Optional[str] = None,
+                                              group_name: str = "weight_update_group",
+                                              flush_cache: bool = True) -> WeightsUpdateResponse:
+        """Announce the tensors; the caller (rank 0) broadcasts them in this order meanwhile."""
+        return await self._update("/update_weights_from_distributed", {
+            "names": list(tensors), "dtypes": [_DTYPE_NAMES[t.dtype] for t in tensors.values()],
+            "shapes": [list(t.shape) for t in tensors.values()], "group_name": group_name,
+            "weight_version": weight_version, "flush_cache": flush_cache})
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> WeightsUpdateResponse:
+        return await self._update("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def _update(self, path: str, body: dict[str, Any]) -> WeightsUpdateResponse:
+        response = await self._request("POST", path, body)
+        payload = orjson.loads(response.content) if response.content else {}
+        if "success" not in payload:
+            raise EngineError(self.base_url, response.status_code, _error_message(response))
+        result = WeightsUpdateResponse.model_validate(payload)
+        if not result.success:
+            raise EngineError(self.base_url, response.status_code, result.message)
+        return result
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = orjson.loads(response.content)
+        return str(body.get("error") or body.get("message") or body)
+    except orjson.JSONDecodeError:
+        return response.text[:500]

@@ -1,0 +1,180 @@
+"""The built-in engine against engine.md: every endpoint, over real HTTP, checked against the model."""
+
+import asyncio
+
+import httpx
+import orjson
+import pytest
+import torch
+
+from asyncrl.engine_client import EngineError
+from tests.rollout.conftest import argmax_continuation, teacher_forced
+
+PROMPT = [1006, 1008, 1011, 10, 72, 101, 108, 108, 111, 1012]
+
+
+async def post(url, path, body):
+    async with httpx.AsyncClient(timeout=60) as http:
+        return await http.post(url + path, json=body)
+
+
+async def test_health_info_loads_and_metrics(engine, client):
+    assert await client.health() and await client.health_generate()
+    info = await client.model_info()
+    assert info["is_generation"] and info["weight_version"] == "0" and info["model_path"]
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(engine.url + "/model_info")).json() == info
+        server = (await http.get(engine.url + "/server_info")).json()
+        metrics = (await http.get(engine.url + "/metrics")).text
+    assert server["max_total_num_tokens"] == 32768 and "version" in server
+    loads = await client.loads()
+    assert loads.loads[0].num_running_reqs == 0 and loads.loads[0].dp_rank == 0
+    assert "sglang_num_running_reqs" in metrics and "sglang_generation_tokens_total" in metrics
+
+
+async def test_greedy_equals_argmax_and_logprobs_equal_teacher_forcing(client, reference_model):
+    out = await client.generate(PROMPT, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+    assert out.output_ids == argmax_continuation(reference_model, PROMPT, 24)
+    got = torch.tensor([lp for lp, _, _ in out.meta_info.output_token_logprobs])
+    ref = teacher_forced(reference_model, PROMPT, out.output_ids)
+    assert (got - ref).abs().max() <= 1e-5
+    assert out.meta_info.finish_reason == {"type": "length", "length": 24}
+    assert out.meta_info.weight_versions[0].model_dump() == {"version": "0", "start": 0, "end": 24}
+
+
+async def test_prompt_logprobs_and_top_logprobs(client, reference_model):
+    out = await client.generate(PROMPT, {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 1},
+                                logprob_start_len=0, top_logprobs_num=3)
+    entries = out.meta_info.input_token_logprobs
+    assert entries[0] == [None, PROMPT[0], None] and [e[1] for e in entries] == PROMPT
+    ref = teacher_forced(reference_model, PROMPT[:1], PROMPT[1:])
+    assert (torch.tensor([e[0] for e in entries[1:]]) - ref).abs().max() <= 1e-5
+    assert all(len(top) == 3 for top in out.meta_info.output_top_logprobs)
+    top0 = out.meta_info.output_top_logprobs[0]
+    assert top0[0][0] >= top0[1][0] >= top0[2][0]
+    late = await client.generate(PROMPT, {"max_new_tokens": 1}, logprob_start_len=4)
+    assert [e[1] for e in late.meta_info.input_token_logprobs] == PROMPT[4:]
+
+
+async def test_batch_text_and_stop_rules(engine, client):
+    batch = (await post(engine.url, "/generate", {
+        "input_ids": [PROMPT, PROMPT[:4]], "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 5}]})).json()
+    assert isinstance(batch, list) and [len(b["output_ids"]) for b in batch] == [2, 5]
+    text = (await post(engine.url, "/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}})).json()
+    assert isinstance(text["text"], str) and text["meta_info"]["prompt_tokens"] > 0
+    free = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    stop_at = free.output_ids[5]
+    stopped = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_at]})
+    first = free.output_ids.index(stop_at)
+    assert stopped.output_ids == free.output_ids[:first + 1]  # the stop token is kept in output_ids
+    assert stopped.meta_info.finish_reason == {"type": "stop", "matched": stop_at}
+    held = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_at],
+                                          "min_new_tokens": first + 2})
+    assert len(held.output_ids) > first + 1 and stop_at not in held.output_ids[:first + 2]
+    nothing = await client.generate(PROMPT, {"max_new_tokens": 0}, logprob_start_len=0)
+    assert nothing.output_ids == [] and len(nothing.meta_info.input_token_logprobs) == len(PROMPT)
+
+
+async def test_stop_string_trims_text(engine):
+    free = (await post(engine.url, "/generate", {"text": "abc", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "skip_special_tokens": False}})).json()
+    text = free["text"]
+    stop = text[6:8] if len(text) >= 8 else text[-2:]
+    out = (await post(engine.url, "/generate", {"text": "abc", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "stop": [stop], "skip_special_tokens": False}})).json()
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in out["text"] and text.startswith(out["text"])
+
+
+async def test_sampling_seed_reproduces_under_concurrent_load(client):
+    params = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "sampling_seed": 1234, "ignore_eos": True}
+    alone = await client.generate(PROMPT, params)
+    noise = [client.generate(PROMPT[: 2 + i % 7], {"max_new_tokens": 10 + i, "temperature": 1.0}) for i in range(24)]
+    loaded, *_ = await asyncio.gather(client.generate(PROMPT, params), *noise)
+    assert loaded.output_ids == alone.output_ids
+    assert [e[0] for e in loaded.meta_info.output_token_logprobs] == pytest.approx(
+        [e[0] for e in alone.meta_info.output_token_logprobs], abs=1e-5)
+
+
+async def test_128_concurrent_mixed_lengths_complete_correctly(client, reference_model):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 1000, (int(torch.randint(1, 160, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(128)]
+    budgets = [int(torch.randint(1, 48, (1,), generator=g)) for _ in range(128)]
+    outs = await asyncio.gather(*(client.generate(p, {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True,
+                                                      "sampling_seed": i})
+                                  for i, (p, n) in enumerate(zip(prompts, budgets))))
+    assert [len(o.output_ids) for o in outs] == budgets
+    worst = 0.0
+    for i in range(0, 128, 9):  # teacher-force a sample of them: batch composition must not matter
+        got = torch.tensor([e[0] for e in outs[i].meta_info.output_token_logprobs])
+        worst = max(worst, float((got - teacher_forced(reference_model, prompts[i], outs[i].output_ids)).abs().max()))
+    assert worst <= 1e-5, worst
+
+
+async def test_prefix_cache_reuses_shared_prefix(client, reference_model):
+    history = PROMPT * 6
+    first = await client.generate(history, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    turn2 = history + first.output_ids + [1013, 40, 41]
+    second = await client.generate(turn2, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert second.meta_info.cached_tokens >= len(history)
+    got = torch.tensor([e[0] for e in second.meta_info.output_token_logprobs])
+    assert (got - teacher_forced(reference_model, turn2, second.output_ids)).abs().max() <= 1e-5
+
+
+async def test_streaming_sends_cumulative_snapshots(client):
+    snapshots = [s async for s in client.generate_stream(PROMPT, {"max_new_tokens": 6, "temperature": 0,
+                                                                  "ignore_eos": True})]
+    lengths = [len(s.output_ids) for s in snapshots]
+    assert lengths == sorted(lengths) and lengths[-1] == 6 and len(snapshots) >= 2
+    assert snapshots[-1].meta_info.finish_reason["type"] == "length"
+
+
+@pytest.mark.parametrize("body, field", [
+    (b'{"input_ids": [1, 2', "malformed JSON"),
+    (b'{"sampling_params": {}}', "exactly one of 'text' or 'input_ids'"),
+    (b'{"input_ids": [1], "text": "x"}', "exactly one of 'text' or 'input_ids'"),
+    (b'{"input_ids": [1], "sampling_params": {"temperature": -1}}', "temperature"),
+    (b'{"input_ids": [1], "sampling_params": {"top_p": 0}}', "top_p"),
+    (b'{"input_ids": ["a"]}', "input_ids"),
+    (b'{"input_ids": [99999]}', "outside the vocabulary"),
+    (b'{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 5}', "logprob_start_len"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 100000}}', "context length"),
+    (b'{"input_ids": [[1], [2]], "rid": "same"}', "'rid' must be a list"),
+])
+async def test_malformed_generate_is_a_400_naming_the_problem(engine, body, field):
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(engine.url + "/generate", content=body)
+    assert response.status_code == 400
+    assert field in response.json()["error"]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/abort_request", {}, "rid"),
+    ("/pause_generation", {"mode": "sideways"}, "mode"),
+    ("/update_weights_from_disk", {}, "model_path"),
+    ("/update_weights_from_disk", {"model_path": "/no/such/dir"}, "No such file"),
+    ("/update_weights_from_tensor", {"serialized_named_tensors": ["x"], "load_format": "cuda_ipc"}, "load_format"),
+    ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 0, "rank_offset": 1,
+                                    "world_size": 2}, "master_port"),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}, "no weights update group"),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": [], "shapes": [[1]]}, "same length"),
+    ("/destroy_weights_update_group", {"group_name": "nope"}, "no weights update group"),
+])
+async def test_malformed_control_requests_are_400s(engine, path, body, field):
+    response = await post(engine.url, path, body)
+    assert response.status_code == 400
+    payload = response.json()
+    assert field in (payload.get("error") or payload.get("message")), payload
+
+
+async def test_flush_cache(engine):
+    async with httpx.AsyncClient(timeout=30) as http:
+        assert (await http.post(engine.url + "/flush_cache")).status_code == 200
+        assert (await http.get(engine.url + "/flush_cache")).text.startswith("Cache flushed")
+
+
+async def test_client_errors_are_typed(client):
+    with pytest.raises(EngineError) as info:
+        await client.generate([99999], {"max_new_tokens": 1})
+    assert info.value.status == 400 and "vocabulary" in info.value.message

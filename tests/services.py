@@ -1,0 +1,61 @@
+"""Start a real service process for a test and stop it through the handle that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ServiceProcess:
+    """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves."""
+
+    def __init__(self, module: str, args: list[str], workdir: Path, name: Optional[str] = None,
+                 env: Optional[dict[str, str]] = None) -> None:
+        self.name = name or module
+        self.url_file = workdir / f"{self.name}.url"
+        self.log_path = workdir / f"{self.name}.log"
+        self.url_file.unlink(missing_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--port", "0", "--url-file", str(self.url_file)],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.url = self._wait_url()
+
+    def _wait_url(self, timeout_s: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.url_file.exists():
+                return self.url_file.read_text().strip()
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.name} did not start in {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def kill(self) -> None:
+        """Crash it (SIGKILL), as a failing machine would."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        """Graceful SIGTERM, SIGKILL if it hangs; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
