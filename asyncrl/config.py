@@ -83,6 +83,26 @@ class GatewayConfig:
     """Bounded-load consistent hashing: no engine takes more than load_factor x the mean load."""
     engine_timeout_s: float = 600.0
     health_interval_s: float = 2.0
+    engine_urls: list[str] = field(default_factory=list)
+    """Engines to route over at start; the launcher may replace the set later (POST /engines)."""
+    tokenizer: Optional[str] = None
+    """Tokenizer spec (see ModelSection.tokenizer); None = the run's model.tokenizer."""
+    thinking: bool = True
+    """GLM thinking mode: the generation prompt opens a <think> block (False: `<|assistant|></think>`)."""
+    model_name: str = "asyncrl"
+    """Model id reported in OpenAI replies and /v1/models."""
+    redis_url: Optional[str] = None
+    """Where finished trajectories go; None = the run's Redis (the launcher fills it in)."""
+    run_name: Optional[str] = None
+    """Key prefix of the run in Redis (asyncrl:{run}:...); None = the run's name."""
+    public_url: Optional[str] = None
+    """Base of the session base_urls handed out; None = the scheme and Host the caller used."""
+    session_idle_timeout_s: float = 3600.0
+    """An open session unused this long is aborted (its episode is gone); memory stays bounded."""
+    finished_session_ttl_s: float = 300.0
+    """A finished session's record stays readable (GET) this long; its finish reply stays longer."""
+    max_interruptions: int = 8
+    """Engine aborts (e.g. weight updates with pause mode abort) a turn survives by continuing."""
 
 
 @dataclass

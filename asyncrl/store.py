@@ -50,6 +50,14 @@ class Store:
         fields = {"sample_id": sample.sample_id, "group_id": sample.group_id, "data": sample.encode()}
         return _s(await self.redis.xadd(self.key("samples"), fields))
 
+    async def add_samples(self, samples: list[Sample]) -> list[str]:
+        """Append several trajectories atomically (MULTI/EXEC: all or none); their stream ids."""
+        pipe = self.redis.pipeline(transaction=True)
+        for sample in samples:
+            pipe.xadd(self.key("samples"), {"sample_id": sample.sample_id, "group_id": sample.group_id,
+                                            "data": sample.encode()})
+        return [_s(ref) for ref in await pipe.execute()]
+
     async def get_samples(self, refs: Iterable[str]) -> list[Sample]:
         """Samples by stream id, in order; a missing id raises KeyError (it was trimmed or never written)."""
         refs = list(refs)

@@ -1,0 +1,103 @@
+"""The engines the gateway routes over: one EngineClient each, in-flight counts, health.
+
+An engine is marked unhealthy the moment a request to it fails at the transport level (or with a
+5xx), and healthy again when its periodic /health answers 200. Routing skips unhealthy engines
+(router.py), so a failed engine's sessions move to the others on their next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import httpx
+
+from asyncrl.engine_client import EngineClient
+from asyncrl.protocols.gateway import EngineStatus
+from gateway.router import HashRing, pick_bounded
+
+log = logging.getLogger("gateway.engines")
+
+
+@dataclass
+class EngineState:
+    url: str
+    client: EngineClient
+    healthy: bool = True
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_error: str = field(default="", repr=False)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(url=self.url, healthy=self.healthy, in_flight=self.in_flight, requests=self.requests,
+                            failures=self.failures)
+
+
+class EnginePool:
+    def __init__(self, urls: Iterable[str], timeout_s: float, load_factor: float, health_interval_s: float,
+                 virtual_nodes: int = 100) -> None:
+        self.timeout_s = timeout_s
+        self.load_factor = load_factor
+        self.health_interval_s = health_interval_s
+        # One connection pool for every engine; no retries inside the client: the gateway fails over.
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=2048))
+        self.engines: dict[str, EngineState] = {}
+        self.ring = HashRing(virtual_nodes=virtual_nodes)
+        self._health_task: Optional[asyncio.Task] = None
+        self.set_engines(urls)
+
+    def set_engines(self, urls: Iterable[str]) -> None:
+        """Route over exactly `urls` from now on (calls already running on a removed engine finish)."""
+        urls = [url.rstrip("/") for url in urls]
+        self.engines = {url: self.engines.get(url) or EngineState(url, self._client(url)) for url in urls}
+        self.ring.set_nodes(urls)
+
+    def _client(self, url: str) -> EngineClient:
+        return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http)
+
+    def pick(self, session_id: str, exclude: frozenset[str] = frozenset()) -> Optional[EngineState]:
+        url = pick_bounded(self.ring, session_id, lambda u: self.engines[u].in_flight,
+                           lambda u: self.engines[u].healthy, self.load_factor, exclude)
+        return None if url is None else self.engines[url]
+
+    def mark_failed(self, engine: EngineState, error: str) -> None:
+        engine.failures += 1
+        engine.last_error = error
+        if engine.healthy:
+            log.warning("engine %s marked unhealthy: %s", engine.url, error)
+        engine.healthy = False
+
+    def status(self) -> list[EngineStatus]:
+        return [engine.status() for engine in self.engines.values()]
+
+    # Health ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def check_health(self) -> None:
+        engines = list(self.engines.values())
+        results = await asyncio.gather(*(e.client.health(timeout_s=min(5.0, self.health_interval_s * 2))
+                                         for e in engines))
+        for engine, ok in zip(engines, results):
+            if ok and not engine.healthy:
+                log.info("engine %s healthy again", engine.url)
+            elif not ok and engine.healthy:
+                log.warning("engine %s failed its health check", engine.url)
+            engine.healthy = ok
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_health()
+            except Exception:  # keep checking whatever one round hit
+                log.exception("health check round failed")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.http.aclose()

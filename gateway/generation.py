@@ -1,0 +1,145 @@
+"""Runs a planned turn on the engines: routing, failover, continuation, progress for streaming.
+
+The gateway holds every token, so an engine failure loses nothing:
+  * a call that fails before any output (connection refused, 5xx, timeout) is re-run on the next
+    engine of the session's ring walk;
+  * a call that ends early (engine abort, e.g. a weight update with pause mode `abort`, or a stream
+    cut mid-way) keeps the tokens it produced, with their log-probs and versions, and the next call
+    continues from them with the remaining token budget.
+Each call becomes one TurnRecord, so the record shows which engine produced which tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+
+from asyncrl.engine_client import EngineError
+from asyncrl.protocols.engine import GenerateResponse
+from gateway.engines import EnginePool, EngineState
+from gateway.metrics import GatewayMetrics
+from gateway.session import EngineCall, Session, Turn
+
+log = logging.getLogger("gateway.generation")
+
+DEFAULT_MAX_NEW_TOKENS = 128
+"""SGLang's default, used when neither the request nor the session gives one."""
+
+
+class NoEngineError(RuntimeError):
+    """No healthy engine is left to run the turn (503)."""
+
+
+class EngineRequestError(ValueError):
+    """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
+
+
+def engine_call(engine: str, response: GenerateResponse) -> EngineCall:
+    """Per-token facts of an engine response: ids, log-probs, integer weight versions."""
+    meta = response.meta_info
+    n = len(response.output_ids)
+    logprobs = [float(entry[0]) for entry in (meta.output_token_logprobs or [])][:n]
+    if len(logprobs) != n:
+        raise EngineRequestError(f"engine {engine} returned {len(logprobs)} log-probs for {n} tokens")
+    versions = [_version(meta.weight_version)] * n
+    for span in meta.weight_versions:
+        versions[span.start:span.end] = [_version(span.version)] * (min(span.end, n) - span.start)
+    finish = meta.finish_reason or {"type": "abort"}
+    return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"))
+
+
+def _version(value: str) -> int:
+    """Engines report versions as strings ("7"); a non-integer one (SGLang's "default") is -1."""
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+class TurnRunner:
+    def __init__(self, pool: EnginePool, metrics: GatewayMetrics, max_interruptions: int = 8,
+                 interruption_backoff_s: float = 0.2) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.max_interruptions = max_interruptions
+        self.interruption_backoff_s = interruption_backoff_s
+
+    async def run(self, session: Session, turn: Turn, sampling: dict[str, Any]) -> None:
+        async for _ in self.stream(session, turn, sampling, stream=False):
+            pass
+
+    async def stream(self, session: Session, turn: Turn, sampling: dict[str, Any],
+                     stream: bool = True) -> AsyncIterator[list[int]]:
+        """Generate until the turn ends by stop or length; yields the turn's cumulative output ids
+        (after every engine update when `stream`, else once per call)."""
+        budget = sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
+        failed: frozenset[str] = frozenset()
+        interruptions = 0
+        while True:
+            session.ensure_open()
+            engine = self.pool.pick(session.id, exclude=failed)
+            if engine is None:
+                raise NoEngineError(f"no healthy engine left for session {session.id} "
+                                    f"(tried {sorted(failed) or 'none'}; engines {sorted(self.pool.engines)})")
+            params = {**sampling, "max_new_tokens": budget - len(turn.output_ids)}
+            rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
+            call = None
+            try:
+                async with aclosing(self._call(engine, session, turn.prompt, params, rid, stream)) as calls:
+                    async for call, done in calls:
+                        if done or stream:
+                            yield turn.output_ids + call.output_ids
+            except (httpx.TransportError, EngineError) as err:
+                if isinstance(err, EngineError) and err.status < 500:
+                    raise EngineRequestError(f"engine {engine.url}: {err.message}") from None
+                self.pool.mark_failed(engine, f"{type(err).__name__}: {err}")
+                self.metrics.engine_errors.labels(engine.url).inc()
+                failed |= {engine.url}
+                if call is not None and call.output_ids:  # a stream cut mid-way: keep what arrived
+                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort"))
+                continue
+            if call.output_ids or call.finish_reason != "abort":
+                turn.calls.append(call)
+            if call.finish_reason != "abort":
+                return
+            interruptions += 1
+            self.metrics.engine_interruptions.inc()
+            if interruptions > self.max_interruptions:
+                raise NoEngineError(f"session {session.id}: engine calls aborted {interruptions} times in a row")
+            await asyncio.sleep(self.interruption_backoff_s)
+
+    async def _call(self, engine: EngineState, session: Session, prompt: list[int], params: dict[str, Any],
+                    rid: str, stream: bool) -> AsyncIterator[tuple[EngineCall, bool]]:
+        """One engine /generate; yields (call so far, finished)."""
+        session.in_flight[rid] = engine.url
+        engine.in_flight += 1
+        engine.requests += 1
+        started = time.perf_counter()
+        try:
+            if not stream:
+                yield engine_call(engine.url, await engine.client.generate(prompt, params, rid=rid)), True
+                return
+            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid)) as snapshots:
+                async for snapshot in snapshots:
+                    yield engine_call(engine.url, snapshot), snapshot.meta_info.finish_reason is not None
+        finally:
+            engine.in_flight -= 1
+            session.in_flight.pop(rid, None)
+            self.metrics.engine_latency.observe(time.perf_counter() - started)
+
+    async def abort(self, in_flight: dict[str, str]) -> None:
+        """Abort engine calls (rid -> engine URL): client gone, session deleted, shutdown."""
+        for rid, url in in_flight.items():
+            engine = self.pool.engines.get(url)
+            if engine is None:
+                continue
+            try:
+                await engine.client.abort(rid)
+            except (httpx.TransportError, EngineError) as err:
+                log.warning("abort of %s on %s failed: %s", rid, url, err)

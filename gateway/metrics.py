@@ -1,0 +1,34 @@
+"""Prometheus metrics of the gateway (GET /metrics)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self, active_sessions: Callable[[], int], healthy_engines: Callable[[], int]) -> None:
+        self.registry = r = CollectorRegistry()
+        Gauge("gateway_sessions_active", "sessions open (not finished)", registry=r).set_function(active_sessions)
+        Gauge("gateway_engines_healthy", "engines routed to", registry=r).set_function(healthy_engines)
+        self.sessions_created = Counter("gateway_sessions_created", "sessions created", registry=r)
+        self.sessions_finished = Counter("gateway_sessions_finished", "sessions finished", ["status"], registry=r)
+        self.samples_written = Counter("gateway_samples_written", "segments appended to Redis", registry=r)
+        self.turns = Counter("gateway_turns", "turns generated", ["api", "finish_reason"], registry=r)
+        self.new_segments = Counter("gateway_new_segments", "segments opened because history was edited",
+                                    registry=r)
+        self.prompt_tokens = Counter("gateway_prompt_tokens", "tokens appended to sessions (mask 0)", registry=r)
+        self.generated_tokens = Counter("gateway_generated_tokens", "model tokens recorded (mask 1)", registry=r)
+        self.engine_errors = Counter("gateway_engine_errors", "failed engine calls (failed over)", ["engine"],
+                                     registry=r)
+        self.engine_interruptions = Counter("gateway_engine_interruptions",
+                                            "engine calls that ended by abort and were continued", registry=r)
+        self.client_disconnects = Counter("gateway_client_disconnects", "turns aborted by a client disconnect",
+                                          registry=r)
+        self.turn_latency = Histogram("gateway_turn_latency_seconds", "turn latency, engine time included",
+                                      ["api"], buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_latency = Histogram("gateway_engine_latency_seconds", "engine call latency",
+                                        buckets=LATENCY_BUCKETS, registry=r)

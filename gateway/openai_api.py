@@ -1,0 +1,138 @@
+"""OpenAI Chat Completions on top of a token turn: sampling mapping, replies, streaming deltas.
+
+Replies are plain dicts in OpenAI's shapes (`chat.completion`, `chat.completion.chunk`), serialised
+with orjson: the official `openai` client parses them unchanged. The assistant message is parsed
+from the output tokens with the chat template (tool calls from GLM's tool-call syntax); the
+message returned to the client is also what the session compares the next request against.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+from asyncrl.chat_template import GlmChatTemplate
+from asyncrl.protocols.gateway import ChatCompletionRequest, SessionSampling
+from asyncrl.tokenizer import Tokenizer
+
+
+def first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def turn_sampling(defaults: SessionSampling, turn_index: int, *, temperature=None, top_p=None, top_k=None,
+                  max_new_tokens=None, seed=None) -> dict[str, Any]:
+    """SGLang sampling params of one turn: the request's values, else the session's defaults.
+    A session seed s gives turn k the seed s + k (reproducible, yet turns differ)."""
+    if seed is None and defaults.sampling_seed is not None:
+        seed = defaults.sampling_seed + turn_index
+    params = {"temperature": first(temperature, defaults.temperature), "top_p": first(top_p, defaults.top_p),
+              "top_k": first(top_k, defaults.top_k), "max_new_tokens": first(max_new_tokens, defaults.max_new_tokens),
+              "sampling_seed": seed}
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def chat_sampling(request: ChatCompletionRequest, defaults: SessionSampling, turn_index: int,
+                  stop_token_ids: Sequence[int]) -> dict[str, Any]:
+    params = turn_sampling(defaults, turn_index, temperature=request.temperature, top_p=request.top_p,
+                           top_k=request.top_k, max_new_tokens=first(request.max_completion_tokens, request.max_tokens),
+                           seed=request.seed)
+    params["stop_token_ids"] = list(stop_token_ids)
+    if request.stop_strings:
+        params["stop"] = request.stop_strings
+    return params
+
+
+class ChatReply:
+    """Turns output ids into the OpenAI assistant message (and, while streaming, its deltas)."""
+
+    def __init__(self, template: GlmChatTemplate, request: ChatCompletionRequest, turn_index: int) -> None:
+        self.template = template
+        self.tools = request.tools
+        self.stops = request.stop_strings
+        self.call_prefix = f"call_{turn_index}"
+        self._open_call = template.tokenizer.token_id("<tool_call>")
+        self._close_call = template.tokenizer.token_id("</tool_call>")
+        self.sent = {"content": "", "reasoning_content": ""}
+
+    def message(self, output_ids: Sequence[int]) -> dict[str, Any]:
+        """The final assistant message: content cut at a stop string, tool calls parsed."""
+        message = self.template.parse_assistant(output_ids, self.tools, self.call_prefix).to_openai()
+        if message["content"]:
+            message["content"] = _cut_at_stop(message["content"], self.stops)
+        return message
+
+    def deltas(self, output_ids: Sequence[int], final: bool) -> list[dict[str, Any]]:
+        """Text not yet streamed, as chunk deltas. An unclosed tool call and the tail that could still
+        become a stop string are held back until they resolve; tool calls come in the final delta."""
+        ids = list(output_ids) if final else self._before_open_call(output_ids)
+        parsed = self.template.parse_assistant(ids, self.tools, self.call_prefix)
+        visible = {"reasoning_content": parsed.reasoning_content,
+                   "content": _cut_at_stop(parsed.content, self.stops, hold_back=not final)}
+        deltas = []
+        for field, text in visible.items():
+            if text.startswith(self.sent[field]) and len(text) > len(self.sent[field]):
+                deltas.append({field: text[len(self.sent[field]):]})
+                self.sent[field] = text
+        if final and parsed.tool_calls:
+            calls = [{"index": i, **call.to_openai()} for i, call in enumerate(parsed.tool_calls)]
+            deltas.append({"tool_calls": calls})
+        return deltas
+
+    def _before_open_call(self, ids: Sequence[int]) -> list[int]:
+        """ids up to a <tool_call> that is not closed yet."""
+        for i in range(len(ids) - 1, -1, -1):
+            if ids[i] == self._close_call:
+                break
+            if ids[i] == self._open_call:
+                return list(ids[:i])
+        return list(ids)
+
+
+def _cut_at_stop(text: str, stops: Sequence[str], hold_back: bool = False) -> str:
+    """Text before the first stop string; while streaming, also hold back a tail that may start one."""
+    for stop in stops:
+        if stop and stop in text:
+            text = text[:text.index(stop)]
+    if hold_back and stops:
+        longest = max(len(stop) for stop in stops)
+        text = text[:max(0, len(text) - longest + 1)]
+    return text
+
+
+def finish_reason(message: dict[str, Any], engine_finish: str) -> str:
+    if message.get("tool_calls"):
+        return "tool_calls"
+    return "length" if engine_finish == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
+    """OpenAI `choices[0].logprobs` of the generated tokens (top_logprobs are not reported)."""
+    content = []
+    for token_id, logprob in zip(output_ids, logprobs):
+        text = tokenizer.decode([token_id])
+        content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def chat_completion(completion_id: str, model: str, message: dict[str, Any], finish: str,
+                    usage_: dict[str, int], logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage_}
+
+
+def chat_chunk(completion_id: str, model: str, delta: Optional[dict[str, Any]], finish: Optional[str] = None,
+               usage_: Optional[dict[str, int]] = None) -> dict[str, Any]:
+    """One `chat.completion.chunk`; delta None gives the usage-only chunk (choices [])."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+             "choices": choices}
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk

@@ -1,0 +1,29 @@
+"""Finished sessions into the run's Redis: one Sample per segment (store.md, asyncrl/types.py)."""
+
+from __future__ import annotations
+
+import time
+
+from asyncrl.protocols.gateway import FinishSessionRequest
+from asyncrl.store import Store
+from asyncrl.types import Sample
+from gateway.session import Session
+
+
+def session_samples(session: Session, finish: FinishSessionRequest) -> list[Sample]:
+    """The session's segments as Samples (sample_id `{session_id}-{segment index}`)."""
+    timings = {"created": session.created, "finished": time.time(), "generate_s": session.generate_s}
+    n = len(session.segments)
+    return [Sample(sample_id=f"{session.id}-{i}", session_id=session.id, group_id=session.group_id,
+                   task_id=session.task_id, env=session.env, status=finish.status, reward=finish.reward,
+                   tokens=segment.tokens, loss_mask=segment.loss_mask, rollout_logprobs=segment.logprobs,
+                   weight_versions=segment.versions, num_turns=segment.num_turns, engines=segment.engines,
+                   timings=timings, metadata={**session.metadata, "info": finish.info, "segment": i, "segments": n})
+            for i, segment in enumerate(session.segments)]
+
+
+async def record_session(store: Store, session: Session, finish: FinishSessionRequest) -> list[str]:
+    """Append the session's samples; returns their stream ids. Aborted sessions are not recorded."""
+    if finish.status == "aborted":
+        return []
+    return await store.add_samples(session_samples(session, finish))

@@ -1,0 +1,138 @@
+"""The gateway's state: open sessions, finish replies, the engine pool, the Redis store.
+
+Lifecycle of a session: created (POST /sessions) -> turns -> finished once (reward, status), which
+appends its segments to Redis unless aborted -> its record stays readable for
+`finished_session_ttl_s`, its finish reply (idempotency) for the last `max_finish_replies` sessions.
+Open sessions idle for `session_idle_timeout_s` are aborted, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from typing import Optional
+
+import redis.exceptions
+
+from asyncrl.config import GatewayConfig
+from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, FinishSessionResponse
+from asyncrl.store import Store
+from gateway.generation import TurnRunner
+from gateway.recorder import record_session
+from gateway.session import Session
+
+log = logging.getLogger("gateway.sessions")
+
+
+class UnknownSessionError(LookupError):
+    """404: no such session (never created, or finished long ago)."""
+
+
+class StoreUnavailableError(RuntimeError):
+    """503: the trajectory cannot be written (no Redis configured, or Redis failed); retry finish."""
+
+
+class SessionRegistry:
+    def __init__(self, cfg: GatewayConfig, runner: TurnRunner, store: Optional[Store],
+                 max_finish_replies: int = 200_000) -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.store = store
+        self.sessions: dict[str, Session] = {}
+        self.finish_replies: OrderedDict[str, FinishSessionResponse] = OrderedDict()
+        self.max_finish_replies = max_finish_replies
+        self.finished_counts: dict[str, int] = {}
+        self._background: set[asyncio.Task] = set()
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.active)
+
+    def create(self, request: CreateSessionRequest) -> Session:
+        session = Session(secrets.token_urlsafe(24), request)
+        self.sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"unknown session {session_id[:8]}...")
+        return session
+
+    def open(self, session_id: str) -> Session:
+        """A session that may still take turns."""
+        session = self.get(session_id)
+        session.ensure_open()
+        return session
+
+    # Finishing ---------------------------------------------------------------------------------------
+    async def finish(self, session_id: str, request: FinishSessionRequest) -> FinishSessionResponse:
+        """Idempotent: a session is finished once; later calls get the first reply."""
+        if session_id in self.finish_replies:
+            return self.finish_replies[session_id]
+        session = self.get(session_id)
+        if request.status == "aborted":
+            return self.abort(session)
+        async with session.lock:  # a turn in progress completes first
+            if session_id in self.finish_replies:
+                return self.finish_replies[session_id]
+            if self.store is None:
+                raise StoreUnavailableError("the gateway has no Redis configured (--redis-url): cannot record")
+            try:
+                refs = await record_session(self.store, session, request)
+            except (redis.exceptions.RedisError, OSError) as err:
+                raise StoreUnavailableError(f"writing to Redis failed ({err}); the session stays open: retry") from err
+            return self._close(session, request.status, refs)
+
+    def abort(self, session: Session) -> FinishSessionResponse:
+        """Close without recording; engine calls in flight are aborted (their turn fails with 409)."""
+        if session.id in self.finish_replies:
+            return self.finish_replies[session.id]
+        reply = self._close(session, "aborted", [])
+        self.spawn(self.runner.abort(dict(session.in_flight)))
+        return reply
+
+    def _close(self, session: Session, status: str, refs: list[str]) -> FinishSessionResponse:
+        session.status = status
+        session.sample_refs = refs
+        session.last_used = time.time()
+        reply = FinishSessionResponse(session_id=session.id, status=status, sample_refs=refs)
+        self.finish_replies[session.id] = reply
+        while len(self.finish_replies) > self.max_finish_replies:
+            self.finish_replies.popitem(last=False)
+        self.finished_counts[status] = self.finished_counts.get(status, 0) + 1
+        return reply
+
+    # Housekeeping ------------------------------------------------------------------------------------
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def sweep(self, now: Optional[float] = None) -> None:
+        """Forget finished sessions past their TTL; abort open ones idle past the idle timeout."""
+        now = now or time.time()
+        for session in list(self.sessions.values()):
+            idle = now - session.last_used
+            if session.active and idle > self.cfg.session_idle_timeout_s and not session.lock.locked():
+                log.warning("session %s... idle %.0fs: aborted", session.id[:8], idle)
+                self.abort(session)
+            elif not session.active and idle > self.cfg.finished_session_ttl_s:
+                del self.sessions[session.id]
+
+    async def sweep_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.sweep()
+
+    async def shutdown(self) -> int:
+        """Abort every open session (nothing half-finished reaches Redis); returns how many."""
+        open_sessions = [s for s in self.sessions.values() if s.active]
+        for session in open_sessions:
+            self.abort(session)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5.0)
+        return len(open_sessions)
