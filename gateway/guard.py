@@ -10,14 +10,11 @@ from __future__ import annotations
 import hmac
 from typing import Any, Callable, Optional
 
-import orjson
 from starlette.exceptions import HTTPException
 
+from gateway.errors import error_body
+
 ASGIApp = Callable[..., Any]
-
-
-def _error_body(status: int, message: str) -> bytes:
-    return orjson.dumps({"error": message, "object": "error", "message": message, "code": status})
 
 
 class GuardMiddleware:
@@ -31,11 +28,11 @@ class GuardMiddleware:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-            return await _reply(send, 401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+            return await _reply(send, scope["path"], 401, "missing or wrong bearer token (Authorization: Bearer <token>)",
                                 [(b"www-authenticate", b"Bearer")])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
-            return await _reply(send, 413, f"request body of {int(length)} bytes exceeds {self.max_request_bytes}")
+            return await _reply(send, scope["path"], 413, f"request body of {int(length)} bytes exceeds {self.max_request_bytes}")
         received = 0
 
         async def limited_receive() -> dict:
@@ -50,8 +47,8 @@ class GuardMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-async def _reply(send: Callable, status: int, message: str, extra_headers: list = ()) -> None:
-    body = _error_body(status, message)
+async def _reply(send: Callable, path: str, status: int, message: str, extra_headers: list = ()) -> None:
+    body = error_body(path, status, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -21,16 +21,16 @@ from asyncrl.config import GatewayConfig
 from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
                                        EnginesResponse, FinishSessionRequest, SessionGenerateRequest,
                                        UpdateEnginesRequest)
-from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
+from asyncrl.service import install_metrics, parse_json_body, serve
 from asyncrl.store import Store
 from asyncrl.tokenizer import BUILTIN_TINY, load_tokenizer
 from gateway.engines import EnginePool
-from gateway.generation import NoEngineError, TurnRunner
+from gateway.errors import error_reply, install_error_handlers
+from gateway.generation import TurnRunner
 from gateway.guard import GuardMiddleware
 from gateway.metrics import GatewayMetrics
-from gateway.session import SessionClosedError
-from gateway.sessions import SessionRegistry, StoreUnavailableError, UnknownSessionError
-from gateway.turns import ClientGoneError, Turns
+from gateway.sessions import SessionRegistry
+from gateway.turns import Turns
 
 log = logging.getLogger("gateway.server")
 
@@ -64,10 +64,6 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes)
     install_error_handlers(app)
     install_metrics(app, metrics.registry)
-    for error, status in ((UnknownSessionError, 404), (SessionClosedError, 409), (NoEngineError, 503),
-                          (StoreUnavailableError, 503)):
-        app.add_exception_handler(error, lambda _, exc, status=status: error_response(status, str(exc)))
-    app.add_exception_handler(ClientGoneError, lambda *_: Response(status_code=499))
 
     # Sessions ------------------------------------------------------------------------------------------
     @app.post("/sessions", status_code=201)
@@ -99,7 +95,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     async def generate(sid: str, request: Request) -> Response:
         body = await parse_json_body(request, SessionGenerateRequest)
         if body.stream:
-            return error_response(400, "stream: the token-native endpoint does not stream; use chat/completions")
+            return error_reply(request, 400, "stream: the token-native endpoint does not stream; use chat/completions")
         return json_response(await turns.generate(registry.open(sid), body, request))
 
     async def chat(sid: str, request: Request) -> Response:
@@ -118,7 +114,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     async def header_chat(request: Request) -> Response:
         sid = request.headers.get("x-session-id")
         if not sid:
-            return error_response(400, "X-Session-Id header missing (or use {gateway}/sessions/{sid}/v1)")
+            return error_reply(request, 400, "X-Session-Id header missing (or use {gateway}/sessions/{sid}/v1)")
         return await chat(sid, request)
 
     @app.get("/v1/models")

@@ -18,11 +18,11 @@ from starlette.requests import Request
 
 from asyncrl.chat_template import GlmChatTemplate
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequest
-from gateway.generation import TurnRunner
+from gateway.generation import NoEngineError, TurnRunner
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import (ChatReply, chat_chunk, chat_completion, chat_sampling, finish_reason, token_logprobs,
                                 turn_sampling, usage)
-from gateway.session import Session, Turn
+from gateway.session import Session, SessionClosedError, Turn
 
 
 class ClientGoneError(Exception):
@@ -72,14 +72,18 @@ class Turns:
             turn = self.plan_chat(session, request)
             reply = ChatReply(self.template, request, session.num_turns)
             yield _sse(chat_chunk(completion_id, self.model_name, {"role": "assistant", "content": ""}))
-            async with _AbortUnlessCommitted(self, session) as committed:
-                async with aclosing(self.runner.stream(session, turn, self._sampling(session, request))) as outputs:
-                    async for output_ids in outputs:
-                        for delta in reply.deltas(output_ids, final=False):
-                            yield _sse(chat_chunk(completion_id, self.model_name, delta))
-                message = reply.message(turn.output_ids)
-                session.commit(turn, message)
-                committed.set()
+            try:
+                async with _AbortUnlessCommitted(self, session) as committed:
+                    async with aclosing(self.runner.stream(session, turn, self._sampling(session, request))) as outputs:
+                        async for output_ids in outputs:
+                            for delta in reply.deltas(output_ids, final=False):
+                                yield _sse(chat_chunk(completion_id, self.model_name, delta))
+                    message = reply.message(turn.output_ids)
+                    session.commit(turn, message)
+                    committed.set()
+            except (NoEngineError, SessionClosedError, ValueError) as err:  # headers are sent: an SSE error event
+                yield _sse({"error": {"message": str(err), "type": type(err).__name__, "code": None}})
+                return
         self._count(turn, "chat_stream", started)
         for delta in reply.deltas(turn.output_ids, final=True):
             yield _sse(chat_chunk(completion_id, self.model_name, delta))

@@ -120,3 +120,25 @@ async def random_client(random_gateway):
     c = GatewayClient(random_gateway.url, AUTH_TOKEN)
     yield c
     await c.close()
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an error reply in either shape (asyncrl's or OpenAI's)."""
+    error = response.json()["error"]
+    return error if isinstance(error, str) else error["message"]
+
+
+@pytest.fixture
+async def openai_client():
+    """Factory of AsyncOpenAI clients, closed at teardown."""
+    import openai
+
+    clients = []
+
+    def make(base_url: str, api_key: str = "unused", **kwargs):
+        clients.append(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.close()

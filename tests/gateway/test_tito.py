@@ -1,9 +1,7 @@
 """Token-in-token-out through real gateways and engines: the record is exactly what the model saw
 and said, the loss mask marks exactly its tokens, the log-probs are the model's."""
 
-import httpx
 import numpy as np
-import openai
 
 from tests.gateway.checks import assert_engine_replays, assert_ledger_consistent, assert_teacher_forced
 from tests.gateway.conftest import AUTH_TOKEN
@@ -19,10 +17,10 @@ def sampling(template, max_tokens):
 
 
 async def test_scripted_tool_conversation_is_recorded_token_exact(scripted_client, scripted_engine, template,
-                                                                  scripted_model, store):
+                                                                  scripted_model, store, openai_client):
     session = await scripted_client.create(group_id="g-tools", task_id="t-1", env="terminal",
                                            sampling={"sampling_seed": SEED, "temperature": 1.0}, metadata={"k": 1})
-    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused")
+    client = openai_client(base_url=session["base_url"], api_key="unused")
     messages = [{"role": "system", "content": "You run shell commands."}, {"role": "user", "content": "List the files."}]
     max_tokens = [64, 64, 3, 64]
     follow_ups = [[{"role": "tool", "content": "a.py b.py"}],
@@ -71,9 +69,9 @@ async def test_scripted_tool_conversation_is_recorded_token_exact(scripted_clien
 
 
 async def test_sampled_conversation_logprobs_equal_teacher_forcing(random_client, random_engine, template,
-                                                                   reference_model):
+                                                                   reference_model, openai_client):
     session = await random_client.create(sampling={"sampling_seed": SEED})
-    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=AUTH_TOKEN)
+    client = openai_client(base_url=session["base_url"], api_key=AUTH_TOKEN)
     messages = [{"role": "user", "content": "What is 2+3?"}]
     for k in range(3):
         reply = await client.chat.completions.create(model="asyncrl", messages=messages, max_tokens=24,
@@ -87,9 +85,9 @@ async def test_sampled_conversation_logprobs_equal_teacher_forcing(random_client
     assert_teacher_forced(reference_model, segment)
 
 
-async def test_edited_history_opens_a_new_segment(random_client, template, store):
+async def test_edited_history_opens_a_new_segment(random_client, template, store, openai_client):
     session = await random_client.create()
-    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=AUTH_TOKEN)
+    client = openai_client(base_url=session["base_url"], api_key=AUTH_TOKEN)
     messages = [{"role": "user", "content": "Hello"}]
     first = await client.chat.completions.create(model="m", messages=messages, max_tokens=4)
     messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More"}]

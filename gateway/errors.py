@@ -1,0 +1,57 @@
+"""Error replies: OpenAI's shape under the OpenAI routes, asyncrl's elsewhere, always naming what is wrong.
+
+OpenAI clients read `{"error": {"message", "type", "code"}}` (the `openai` package puts the
+message into the exception it raises); every other asyncrl route answers `{"error": "<message>"}`.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+
+from asyncrl.service import validation_message
+from gateway.generation import NoEngineError
+from gateway.session import SessionClosedError
+from gateway.sessions import StoreUnavailableError, UnknownSessionError
+from gateway.turns import ClientGoneError
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               409: "conflict_error", 413: "request_too_large", 499: "client_closed_request",
+               503: "service_unavailable"}
+STATUS_OF = ((UnknownSessionError, 404), (SessionClosedError, 409), (NoEngineError, 503),
+             (StoreUnavailableError, 503), (ValueError, 400))
+
+
+def is_openai_route(path: str) -> bool:
+    return path.startswith("/v1/") or "/v1/" in path and path.startswith("/sessions/")
+
+
+def error_body(path: str, status: int, message: str) -> bytes:
+    if is_openai_route(path):
+        error = {"message": message, "type": ERROR_TYPES.get(status, "api_error"), "param": None, "code": status}
+        return orjson.dumps({"error": error})
+    return orjson.dumps({"error": message, "code": status})
+
+
+def error_reply(request: Request, status: int, message: str) -> Response:
+    return Response(error_body(request.url.path, status, message), status_code=status, media_type="application/json")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return error_reply(request, 400, validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        return error_reply(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ClientGoneError)
+    async def _gone(_: Request, __: ClientGoneError) -> Response:
+        return Response(status_code=499)
+
+    for error, status in STATUS_OF:
+        app.add_exception_handler(error, lambda request, exc, status=status: error_reply(request, status, str(exc)))
