@@ -88,16 +88,22 @@ class Turn:
     segment: Optional[Segment]
     """The segment it extends; None opens a new one."""
     base_len: int
-    base: list[int]
+    """Tokens of the segment when the turn was planned (its history)."""
     new_ids: list[int]
     new_messages: Optional[list[dict[str, Any]]] = None
     tools: Optional[list[dict[str, Any]]] = None
     calls: list[EngineCall] = field(default_factory=list)
 
     @property
+    def first_prompt(self) -> list[int]:
+        """What the turn's first engine call sees: the history and the new tokens."""
+        history = self.segment.tokens[:self.base_len] if self.segment is not None else []
+        return history + self.new_ids
+
+    @property
     def prompt(self) -> list[int]:
-        """What the next engine call sees: history, the new tokens, the output of earlier calls."""
-        return self.base + self.new_ids + self.output_ids
+        """What the next engine call sees: the first prompt and the output of earlier calls."""
+        return self.first_prompt + self.output_ids
 
     @property
     def output_ids(self) -> list[int]:
@@ -150,17 +156,14 @@ class Session:
         if segment is not None and segment.messages is not None:
             new = appended_messages(segment.messages, messages, segment.tools, tools)
         if new is None:
-            return Turn(None, 0, [], template.render(messages, tools, add_generation_prompt=True),
-                        list(messages), tools)
+            return Turn(None, 0, template.render(messages, tools, add_generation_prompt=True), list(messages), tools)
         new_ids = template.render_incremental(segment.messages, segment.tokens, new, tools)
-        return Turn(segment, len(segment.tokens), segment.tokens, new_ids, new, tools)
+        return Turn(segment, len(segment.tokens), new_ids, new, tools)
 
     def token_turn(self, input_ids: list[int]) -> Turn:
         """Token-native: input_ids are appended to the last segment's tokens verbatim."""
         segment = self.segments[-1] if self.segments else None
-        if segment is None:
-            return Turn(None, 0, [], list(input_ids))
-        return Turn(segment, len(segment.tokens), segment.tokens, list(input_ids))
+        return Turn(segment, len(segment.tokens) if segment else 0, list(input_ids))
 
     # Commit ----------------------------------------------------------------------------------------
     def commit(self, turn: Turn, reply: Optional[dict[str, Any]] = None) -> None:

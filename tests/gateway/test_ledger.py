@@ -1,0 +1,75 @@
+"""The session ledger and the OpenAI reply builder without processes (tiny tokenizer, fake engine output)."""
+
+import pytest
+
+from asyncrl.protocols.gateway import ChatCompletionRequest, CreateSessionRequest
+from gateway.openai_api import ChatReply
+from gateway.session import EngineCall, PrefixInvariantError, Session
+from tests.gateway.scripted import TOOLS, reply_ids
+
+
+def say(template, session, messages, output_ids, tools=None, version=3):
+    turn = session.chat_turn(template, messages, tools)
+    turn.calls.append(EngineCall("http://e0", output_ids, [-0.5] * len(output_ids), [version] * len(output_ids), "stop"))
+    message = template.parse_assistant(output_ids, tools, f"call_{session.num_turns}").to_openai()
+    session.commit(turn, message)
+    return turn, message
+
+
+def test_turns_extend_the_segment_and_edits_open_a_new_one(template):
+    session = Session("s", CreateSessionRequest())
+    user = [{"role": "user", "content": "Hi"}]
+    out_1 = template.tokenizer.encode("Hello") + [1011]
+    turn_1, reply_1 = say(template, session, user, out_1)
+    prompt_1 = turn_1.first_prompt
+    assert prompt_1 == template.render(user, add_generation_prompt=True)
+    follow = user + [reply_1, {"role": "user", "content": "Again"}]
+    out_2 = template.tokenizer.encode("Yes") + [1004]
+    turn_2, _ = say(template, session, follow, out_2)
+    [segment] = session.segments
+    prompt_2 = turn_2.first_prompt
+    assert prompt_2[:len(prompt_1) + len(out_1)] == prompt_1 + out_1  # the prefix invariant
+    assert segment.tokens == prompt_2 + out_2
+    assert segment.loss_mask == [0] * len(prompt_1) + [1] * len(out_1) + \
+        [0] * (len(prompt_2) - len(prompt_1) - len(out_1)) + [1] * len(out_2)
+    assert [v for v, m in zip(segment.versions, segment.loss_mask) if m == 0] == [-1] * segment.loss_mask.count(0)
+    say(template, session, [{"role": "user", "content": "Edited"}], [1004])
+    assert len(session.segments) == 2 and session.segments[1].num_turns == 1
+
+
+def test_a_turn_planned_on_a_stale_segment_is_refused(template):
+    session = Session("s", CreateSessionRequest())
+    user = [{"role": "user", "content": "Hi"}]
+    _, reply = say(template, session, user, [1011])
+    stale = session.chat_turn(template, user + [reply, {"role": "user", "content": "a"}], None)
+    say(template, session, user + [reply, {"role": "user", "content": "b"}], [1011])
+    with pytest.raises(PrefixInvariantError):
+        session.commit(stale, {"role": "assistant", "content": ""})
+
+
+def test_streamed_deltas_add_up_to_the_message_and_hold_back_tool_calls(template):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+    output = reply_ids(template)
+    reply = ChatReply(template, request, 0)
+    deltas = []
+    for n in range(1, len(output) + 1):
+        step = reply.deltas(output[:n], final=n == len(output))
+        assert all("tool_calls" not in d for d in step) or n == len(output)
+        deltas += step
+    message = reply.message(output)
+    assert "".join(d.get("content", "") for d in deltas) == message["content"] == "Listing:"
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    [calls] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert [c["function"] for c in calls] == [c["function"] for c in message["tool_calls"]]
+    assert "<tool_call>" not in "".join(d.get("content", "") for d in deltas)
+
+
+def test_stop_strings_are_cut_from_content_and_held_back_while_streaming(template):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], stop=["END"])
+    reply = ChatReply(template, request, 0)
+    output = [1015, *template.tokenizer.encode("abc ENDzz")]
+    assert reply.message(output)["content"] == "abc "
+    steps = [reply.deltas(output[:n], final=n == len(output)) for n in range(1, len(output) + 1)]
+    assert not any("E" in d.get("content", "") for step in steps for d in step)
+    streamed = "".join(d.get("content", "") for step in steps for d in step)
+    assert streamed == "abc "  # the stop string never reached the client, even partially

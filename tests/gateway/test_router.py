@@ -1,0 +1,50 @@
+"""Consistent hashing with bounded load (pure, no processes)."""
+
+import collections
+
+from gateway.router import HashRing, pick_bounded
+
+ENGINES = [f"http://e{i}" for i in range(4)]
+KEYS = [f"session-{i}" for i in range(4000)]
+
+
+def homes(ring: HashRing) -> dict[str, str]:
+    return {key: next(ring.walk(key)) for key in KEYS}
+
+
+def test_walk_visits_every_node_once_and_spreads_keys():
+    ring = HashRing(ENGINES)
+    assert sorted(ring.walk("x")) == ENGINES
+    counts = collections.Counter(homes(ring).values())
+    assert set(counts) == set(ENGINES) and min(counts.values()) > 0.15 * len(KEYS)
+
+
+def test_removing_a_node_moves_only_its_keys():
+    before = homes(HashRing(ENGINES))
+    after = homes(HashRing(ENGINES[:-1]))
+    moved = [key for key in KEYS if before[key] != after[key]]
+    assert moved and all(before[key] == ENGINES[-1] for key in moved)
+    # ... and each moved key goes to its next node clockwise (its fallback when the node is unhealthy)
+    ring = HashRing(ENGINES)
+    assert all(after[key] == list(ring.walk(key))[1] for key in moved)
+
+
+def test_bounded_load_skips_an_overloaded_home_and_unhealthy_nodes():
+    ring = HashRing(ENGINES)
+    key = KEYS[0]
+    order = list(ring.walk(key))
+    load = collections.Counter()
+    assert pick_bounded(ring, key, load.__getitem__, lambda n: True, 1.25) == order[0]
+    load[order[0]] = 10  # the home engine is far above the mean
+    assert pick_bounded(ring, key, load.__getitem__, lambda n: True, 1.25) == order[1]
+    assert pick_bounded(ring, key, load.__getitem__, lambda n: n != order[1], 1.25) == order[2]
+    assert pick_bounded(ring, key, load.__getitem__, lambda n: n != order[1], 1.25, frozenset(order[2:])) == order[0]
+    assert pick_bounded(ring, key, load.__getitem__, lambda n: False, 1.25) is None
+
+
+def test_bounded_load_keeps_every_node_within_the_bound():
+    ring = HashRing(ENGINES)
+    load = collections.Counter()
+    for key in KEYS[:1000]:  # requests that all stay in flight
+        load[pick_bounded(ring, key, load.__getitem__, lambda n: True, 1.25)] += 1
+    assert max(load.values()) <= 1.25 * 1000 / len(ENGINES) + 1
