@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
+import aiohttp
 import httpx
 import orjson
 import torch
@@ -30,15 +32,60 @@ class EngineError(RuntimeError):
         self.message = message
 
 
+@dataclass
+class RawResponse:
+    """Status and body of a unary call, whichever transport carried it."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
+class AiohttpTransport:
+    """Unary requests over one shared aiohttp session, for hot paths: on a 2-core machine a /generate
+    round trip costs ~1.7 ms less than through httpx (measured, bench/results/gateway_bench.md).
+    Failures are raised as httpx's exceptions, so callers catch one family whatever the transport.
+    The session is opened lazily inside the running event loop."""
+
+    def __init__(self, connect_timeout_s: float = 10.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._session: Optional[aiohttp.ClientSession] = None
+
+    async def request(self, method: str, url: str, content: Optional[bytes], headers: Optional[dict[str, str]],
+                      timeout_s: float) -> RawResponse:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
+        try:
+            async with self._session.request(method, url, data=content, headers=headers, timeout=timeout) as reply:
+                return RawResponse(reply.status, await reply.read())
+        except aiohttp.ClientConnectorError as err:
+            raise httpx.ConnectError(str(err)) from err
+        except asyncio.TimeoutError as err:
+            raise httpx.ReadTimeout(f"{method} {url}: no answer in {timeout_s}s") from err
+        except aiohttp.ClientError as err:  # disconnected, reset, truncated payload
+            raise httpx.ReadError(f"{type(err).__name__}: {err}") from err
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0, retries: int = 3,
-                 client: Optional[httpx.AsyncClient] = None) -> None:
+                 client: Optional[httpx.AsyncClient] = None, transport: Optional[AiohttpTransport] = None) -> None:
+        """`client` carries streams (and unary calls unless `transport` is given); both may be shared
+        by many EngineClients and are then closed by their owner."""
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
                                                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
         self._owns_client = client is None
+        self._transport = transport
 
     async def close(self) -> None:
         if self._owns_client:
@@ -52,15 +99,14 @@ class EngineClient:
 
     # Transport ---------------------------------------------------------------------------------
     async def _request(self, method: str, path: str, body: Any = None, idempotent: bool = False,
-                       timeout_s: Optional[float] = None) -> httpx.Response:
+                       timeout_s: Optional[float] = None) -> httpx.Response | RawResponse:
         url = f"{self.base_url}{path}"
         content = orjson.dumps(body) if body is not None else None
         headers = {"content-type": "application/json"} if body is not None else None
         retryable = httpx.TransportError if idempotent else (httpx.ConnectError, httpx.ConnectTimeout)
         for attempt in range(self.retries + 1):
             try:
-                response = await self._client.request(method, url, content=content, headers=headers,
-                                                      timeout=timeout_s or self.timeout_s)
+                response = await self._send(method, url, content, headers, timeout_s or self.timeout_s)
             except retryable:
                 if attempt == self.retries:
                     raise
@@ -71,6 +117,12 @@ class EngineClient:
                 continue
             return response
         raise AssertionError("unreachable")
+
+    async def _send(self, method: str, url: str, content: Optional[bytes], headers: Optional[dict[str, str]],
+                    timeout_s: float) -> httpx.Response | RawResponse:
+        if self._transport is not None:
+            return await self._transport.request(method, url, content, headers, timeout_s)
+        return await self._client.request(method, url, content=content, headers=headers, timeout=timeout_s)
 
     async def _json(self, method: str, path: str, body: Any = None, idempotent: bool = False,
                     timeout_s: Optional[float] = None) -> Any:
@@ -184,7 +236,7 @@ class EngineClient:
         return result
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response | RawResponse) -> str:
     try:
         body = orjson.loads(response.content)
         return str(body.get("error") or body.get("message") or body)

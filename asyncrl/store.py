@@ -35,8 +35,11 @@ class Store:
         self.retention_groups = retention_groups
 
     @classmethod
-    def connect(cls, url: str, run: str, retention_groups: int = 10_000) -> "Store":
-        return cls(aioredis.Redis.from_url(url), run, retention_groups)
+    def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64) -> "Store":
+        """A blocking pool: beyond `max_connections` concurrent commands wait for a connection
+        (redis-py's default pool raises MaxConnectionsError past 100, e.g. 1,000 sessions finishing)."""
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=60)
+        return cls(aioredis.Redis(connection_pool=pool), run, retention_groups)
 
     async def close(self) -> None:
         await self.redis.aclose()

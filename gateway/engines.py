@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 
 import httpx
 
-from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client import AiohttpTransport, EngineClient
 from asyncrl.protocols.gateway import EngineStatus
 from gateway.router import HashRing, pick_bounded
 
@@ -42,9 +42,11 @@ class EnginePool:
         self.timeout_s = timeout_s
         self.load_factor = load_factor
         self.health_interval_s = health_interval_s
-        # One connection pool for every engine; no retries inside the client: the gateway fails over.
+        # One connection pool for every engine (aiohttp for unary calls, the hot path; httpx for
+        # streams); no retries inside the client: the gateway fails over itself.
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0),
                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=2048))
+        self.transport = AiohttpTransport(connect_timeout_s=5.0)
         self.engines: dict[str, EngineState] = {}
         self.ring = HashRing(virtual_nodes=virtual_nodes)
         self._health_task: Optional[asyncio.Task] = None
@@ -57,7 +59,7 @@ class EnginePool:
         self.ring.set_nodes(urls)
 
     def _client(self, url: str) -> EngineClient:
-        return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http)
+        return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http, transport=self.transport)
 
     def pick(self, session_id: str, exclude: frozenset[str] = frozenset()) -> Optional[EngineState]:
         url = pick_bounded(self.ring, session_id, lambda u: self.engines[u].in_flight,
@@ -101,3 +103,4 @@ class EnginePool:
         if self._health_task is not None:
             self._health_task.cancel()
         await self.http.aclose()
+        await self.transport.close()

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from asyncrl.service import validation_message
 from gateway.generation import NoEngineError
@@ -50,8 +51,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_reply(request, exc.status_code, str(exc.detail))
 
     @app.exception_handler(ClientGoneError)
-    async def _gone(_: Request, __: ClientGoneError) -> Response:
-        return Response(status_code=499)
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, __: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client left
 
     for error, status in STATUS_OF:
         app.add_exception_handler(error, lambda request, exc, status=status: error_reply(request, status, str(exc)))

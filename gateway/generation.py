@@ -51,7 +51,8 @@ def engine_call(engine: str, response: GenerateResponse) -> EngineCall:
     for span in meta.weight_versions:
         versions[span.start:span.end] = [_version(span.version)] * (min(span.end, n) - span.start)
     finish = meta.finish_reason or {"type": "abort"}
-    return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"))
+    return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
+                      meta.e2e_latency)
 
 
 def _version(value: str) -> int:

@@ -35,6 +35,9 @@ from gateway.turns import Turns
 log = logging.getLogger("gateway.server")
 
 SWEEP_INTERVAL_S = 10.0
+ENGINE_LATENCY_HEADER = "x-engine-latency-s"
+"""On chat replies: seconds the engines spent on the turn (their e2e_latency), so a client can tell
+gateway and transport time from model time."""
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -102,7 +105,10 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
         body = await parse_json_body(request, ChatCompletionRequest)
         session = registry.open(sid)
         if not body.stream:
-            return json_response(await turns.chat(session, body, request))
+            completion, engine_latency_s = await turns.chat(session, body, request)
+            response = json_response(completion)
+            response.headers[ENGINE_LATENCY_HEADER] = f"{engine_latency_s:.6f}"
+            return response
         turns.plan_chat(session, body)  # dry run: bad messages are a 400 before the stream starts
         return StreamingResponse(turns.chat_stream(session, body), media_type="text/event-stream")
 

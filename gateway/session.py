@@ -44,6 +44,8 @@ class EngineCall:
     finish_reason: str
     """stop | length | abort."""
     matched_stop: Any = None
+    engine_latency_s: float = 0.0
+    """The engine's own e2e_latency of the call (its queueing and compute, not HTTP)."""
 
 
 @dataclass
@@ -120,6 +122,10 @@ class Turn:
     @property
     def engines(self) -> list[str]:
         return [call.engine for call in self.calls]
+
+    @property
+    def engine_latency_s(self) -> float:
+        return sum(call.engine_latency_s for call in self.calls)
 
 
 class Session:

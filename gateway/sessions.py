@@ -84,6 +84,7 @@ class SessionRegistry:
             try:
                 refs = await record_session(self.store, session, request)
             except (redis.exceptions.RedisError, OSError) as err:
+                log.warning("session %s...: writing samples failed: %r", session_id[:8], err)
                 raise StoreUnavailableError(f"writing to Redis failed ({err}); the session stays open: retry") from err
             return self._close(session, request.status, refs)
 

@@ -48,7 +48,9 @@ class Turns:
     def _sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
         return chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids)
 
-    async def chat(self, session: Session, request: ChatCompletionRequest, client: Request) -> dict[str, Any]:
+    async def chat(self, session: Session, request: ChatCompletionRequest, client: Request
+                   ) -> tuple[dict[str, Any], float]:
+        """-> the chat.completion and the engine's own latency of the turn (seconds)."""
         started = time.perf_counter()
         async with session.lock:
             session.ensure_open()
@@ -60,8 +62,9 @@ class Turns:
         self._count(turn, "chat", started)
         logprobs = token_logprobs(self.template.tokenizer, turn.output_ids, turn.output_logprobs) \
             if request.logprobs else None
-        return chat_completion(_completion_id(), self.model_name, message, finish_reason(message, turn.finish_reason),
-                               _usage(turn), logprobs)
+        completion = chat_completion(_completion_id(), self.model_name, message,
+                                     finish_reason(message, turn.finish_reason), _usage(turn), logprobs)
+        return completion, turn.engine_latency_s
 
     async def chat_stream(self, session: Session, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
         """SSE chunks; the handler has validated the turn by planning it once (errors were 4xx)."""
@@ -179,7 +182,7 @@ def _generate_response(turn: Turn, text: str, return_logprob: bool) -> dict[str,
         "id": secrets.token_hex(12), "finish_reason": finish, "prompt_tokens": turn.base_len + len(turn.new_ids),
         "completion_tokens": len(turn.output_ids), "cached_tokens": 0,
         "weight_version": str(versions[-1]) if versions else None, "weight_versions": _spans(versions),
-        "engines": turn.engines}
+        "e2e_latency": turn.engine_latency_s, "engines": turn.engines}
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(turn.output_logprobs, turn.output_ids)]
     return {"text": text, "output_ids": turn.output_ids, "meta_info": meta}
