@@ -50,18 +50,36 @@ class AiohttpTransport:
     Failures are raised as httpx's exceptions, so callers catch one family whatever the transport.
     The session is opened lazily inside the running event loop."""
 
+    KEEPALIVE_S = 4.0
+    """Idle pooled connections are closed before uvicorn's 5 s keep-alive closes them under us."""
+
     def __init__(self, connect_timeout_s: float = 10.0) -> None:
         self.connect_timeout_s = connect_timeout_s
         self._session: Optional[aiohttp.ClientSession] = None
 
     async def request(self, method: str, url: str, content: Optional[bytes], headers: Optional[dict[str, str]],
                       timeout_s: float) -> RawResponse:
+        for attempt in range(2):
+            try:
+                return await self._request(method, url, content, headers, timeout_s)
+            except aiohttp.ServerDisconnectedError as err:
+                # A pooled connection the server closed as we reused it: the request was not read. Once
+                # more on a fresh connection (a dead server then fails to connect).
+                if attempt:
+                    raise httpx.ReadError(f"{method} {url}: server disconnected") from err
+        raise AssertionError("unreachable")
+
+    async def _request(self, method: str, url: str, content: Optional[bytes], headers: Optional[dict[str, str]],
+                       timeout_s: float) -> RawResponse:
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=self.KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(connector=connector)
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
         try:
             async with self._session.request(method, url, data=content, headers=headers, timeout=timeout) as reply:
                 return RawResponse(reply.status, await reply.read())
+        except aiohttp.ServerDisconnectedError:
+            raise
         except aiohttp.ClientConnectorError as err:
             raise httpx.ConnectError(str(err)) from err
         except asyncio.TimeoutError as err:

@@ -88,16 +88,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, log_level: str = "warning") -> None:
+def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, log_level: str = "warning",
+          keep_alive_s: float = 5.0) -> None:
     """Serve until SIGINT/SIGTERM: stop accepting, finish in-flight requests, run the app's shutdown,
     exit 0. (uvicorn re-raises the signal after its graceful shutdown; the no-op handlers installed
-    here absorb that, so a clean stop is not reported as death by signal.)"""
+    here absorb that, so a clean stop is not reported as death by signal.) `keep_alive_s`: how long an
+    idle client connection stays open (uvicorn's default 5 s; longer for clients that pause between
+    calls, so they rarely race a closing connection)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     sock = bind_socket(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10,
-                                           limit_concurrency=None, backlog=4096))
+                                           limit_concurrency=None, backlog=4096, timeout_keep_alive=keep_alive_s))
 
     async def run() -> None:
         serve_task = asyncio.create_task(server.serve(sockets=[sock]))

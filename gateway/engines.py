@@ -1,8 +1,10 @@
 """The engines the gateway routes over: one EngineClient each, in-flight counts, health.
 
 An engine is marked unhealthy the moment a request to it fails at the transport level (or with a
-5xx), and healthy again when its periodic /health answers 200. Routing skips unhealthy engines
-(router.py), so a failed engine's sessions move to the others on their next call.
+5xx), or after HEALTH_FAILURES_TO_DROP periodic /health checks in a row fail (one slow answer from
+an engine busy with a thousand requests is not a death); it is healthy again when /health answers
+200. Routing skips unhealthy engines (router.py), so a failed engine's sessions move to the others
+on their next call; only when no healthy engine is left does a turn try the unhealthy ones.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from gateway.router import HashRing, pick_bounded
 
 log = logging.getLogger("gateway.engines")
 
+HEALTH_FAILURES_TO_DROP = 3
+HEALTH_TIMEOUT_S = 10.0
+
 
 @dataclass
 class EngineState:
@@ -29,6 +34,8 @@ class EngineState:
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    failed_checks: int = 0
+    """Consecutive failed health checks."""
     last_error: str = field(default="", repr=False)
 
     def status(self) -> EngineStatus:
@@ -62,8 +69,11 @@ class EnginePool:
         return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http, transport=self.transport)
 
     def pick(self, session_id: str, exclude: frozenset[str] = frozenset()) -> Optional[EngineState]:
-        url = pick_bounded(self.ring, session_id, lambda u: self.engines[u].in_flight,
-                           lambda u: self.engines[u].healthy, self.load_factor, exclude)
+        """The session's engine by the bounded-load ring over healthy engines; if none is healthy,
+        over the others not in `exclude` (a last resort: health marks can be stale)."""
+        load = lambda u: self.engines[u].in_flight  # noqa: E731
+        url = pick_bounded(self.ring, session_id, load, lambda u: self.engines[u].healthy, self.load_factor, exclude) \
+            or pick_bounded(self.ring, session_id, load, lambda u: True, self.load_factor, exclude)
         return None if url is None else self.engines[url]
 
     def mark_failed(self, engine: EngineState, error: str) -> None:
@@ -82,14 +92,15 @@ class EnginePool:
 
     async def check_health(self) -> None:
         engines = list(self.engines.values())
-        results = await asyncio.gather(*(e.client.health(timeout_s=min(5.0, self.health_interval_s * 2))
-                                         for e in engines))
+        results = await asyncio.gather(*(e.client.health(timeout_s=HEALTH_TIMEOUT_S) for e in engines))
         for engine, ok in zip(engines, results):
+            engine.failed_checks = 0 if ok else engine.failed_checks + 1
             if ok and not engine.healthy:
                 log.info("engine %s healthy again", engine.url)
-            elif not ok and engine.healthy:
-                log.warning("engine %s failed its health check", engine.url)
-            engine.healthy = ok
+                engine.healthy = True
+            elif engine.healthy and engine.failed_checks >= HEALTH_FAILURES_TO_DROP:
+                log.warning("engine %s failed %d health checks in a row", engine.url, engine.failed_checks)
+                engine.healthy = False
 
     async def _health_loop(self) -> None:
         while True:

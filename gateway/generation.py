@@ -65,11 +65,13 @@ def _version(value: str) -> int:
 
 class TurnRunner:
     def __init__(self, pool: EnginePool, metrics: GatewayMetrics, max_interruptions: int = 8,
-                 interruption_backoff_s: float = 0.2) -> None:
+                 interruption_backoff_s: float = 0.2, failover_rounds: int = 3) -> None:
         self.pool = pool
         self.metrics = metrics
         self.max_interruptions = max_interruptions
         self.interruption_backoff_s = interruption_backoff_s
+        self.failover_rounds = failover_rounds
+        """Passes over all engines before a turn fails with 503 (a reset connection is not a dead engine)."""
 
     async def run(self, session: Session, turn: Turn, sampling: dict[str, Any]) -> None:
         async for _ in self.stream(session, turn, sampling, stream=False):
@@ -81,13 +83,18 @@ class TurnRunner:
         (after every engine update when `stream`, else once per call)."""
         budget = sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
         failed: frozenset[str] = frozenset()
-        interruptions = 0
+        interruptions = rounds = 0
         while True:
             session.ensure_open()
             engine = self.pool.pick(session.id, exclude=failed)
+            if engine is None and failed and rounds + 1 < self.failover_rounds:
+                rounds += 1  # every engine failed once: after a pause, try them all again
+                failed = frozenset()
+                await asyncio.sleep(self.interruption_backoff_s * rounds)
+                continue
             if engine is None:
-                raise NoEngineError(f"no healthy engine left for session {session.id} "
-                                    f"(tried {sorted(failed) or 'none'}; engines {sorted(self.pool.engines)})")
+                raise NoEngineError(f"no engine could run the turn (failed: {sorted(failed) or 'none'}; "
+                                    f"engines: {sorted(self.pool.engines) or 'none'})")
             params = {**sampling, "max_new_tokens": budget - len(turn.output_ids)}
             rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
             call = None

@@ -35,6 +35,8 @@ from gateway.turns import Turns
 log = logging.getLogger("gateway.server")
 
 SWEEP_INTERVAL_S = 10.0
+CLIENT_KEEP_ALIVE_S = 75.0
+"""Agents pause between turns (tool calls): keep their connections open across the pause."""
 ENGINE_LATENCY_HEADER = "x-engine-latency-s"
 """On chat replies: seconds the engines spent on the turn (their e2e_latency), so a client can tell
 gateway and transport time from model time."""
@@ -180,12 +182,13 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine call otherwise
     cfg, url_file = parse_args(argv)
     template = GlmChatTemplate(load_tokenizer(cfg.tokenizer or BUILTIN_TINY), thinking=cfg.thinking)
     store = Store.connect(cfg.redis_url, cfg.run_name or "asyncrl") if cfg.redis_url else None
     if store is None:
         log.warning("no --redis-url: sessions cannot be finished (only aborted)")
-    serve(build_app(cfg, template, store), cfg.host, cfg.port, url_file=url_file)
+    serve(build_app(cfg, template, store), cfg.host, cfg.port, url_file=url_file, keep_alive_s=CLIENT_KEEP_ALIVE_S)
 
 
 if __name__ == "__main__":
