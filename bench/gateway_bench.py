@@ -7,8 +7,9 @@ Starts a redis-server, one built-in engine (random tiny GLM-5) and the gateway, 
    /sessions/{sid}/generate, and through its OpenAI /sessions/{sid}/v1/chat/completions (fresh
    session each, so each path does the same engine work). Overhead = gateway - direct, per round.
 2. load: C concurrent sessions, each an agent loop of chat turns (the conversation grows turn by
-   turn) for D seconds, then finished into Redis; the same loop straight against the engine (the
-   prompt rendered by the client) for comparison. Reports requests/s, errors, latency.
+   turn) for D seconds, then finished into Redis. Then C/2 gateway sessions and C/2 agents that
+   render the prompt themselves and call the engine directly, side by side in the same window.
+   Reports requests/s, errors, latency, CPU seconds per process and the engine's token counters.
 
     python bench/gateway_bench.py --rounds 300 --sessions 1000 --duration 60 --out bench/results/gateway_bench
 
@@ -160,37 +161,53 @@ class Bench:
             messages = (messages + [message, {"role": "user", "content": f"Next {turn}."}]) \
                 if turn % 4 else messages[:1]  # an episode of 4 turns ends; the agent starts over
 
+    async def engine_counters(self) -> dict[str, float]:
+        """Prompt / prefix-cached / generated token totals of the engine (its Prometheus counters)."""
+        text = (await self.http.get(f"{self.engine}/metrics")).text
+        names = ("sglang_prompt_tokens_total", "sglang_cached_tokens_total", "sglang_generation_tokens_total")
+        return {name.split("_")[1]: float(line.split()[-1]) for line in text.splitlines() for name in names
+                if line.startswith(name + " ")}
+
     def cpu_seconds(self) -> dict[str, float]:
         return {name: sum(p.cpu_times()[:2]) for name, p in self.processes.items()}
 
-    async def load(self, sessions: int, duration: float, via_gateway: bool) -> dict:
-        """`sessions` agents for `duration` s; requests/s counts turns completed inside the window."""
-        stats = {"latency": [], "done_at": [], "errors": []}
-        cpu_before = self.cpu_seconds()
-        sids = await asyncio.gather(*(self.session() for _ in range(sessions))) if via_gateway else [None] * sessions
+    async def load(self, duration: float, gateway_sessions: int, direct_agents: int) -> dict:
+        """Agents through the gateway and straight to the engine, all at once, for `duration` s;
+        requests/s counts turns completed inside the window, per path."""
+        stats = {path: {"latency": [], "done_at": [], "errors": []} for path in ("gateway", "direct")}
+        cpu_before, tokens_before = self.cpu_seconds(), await self.engine_counters()
+        sids = await asyncio.gather(*(self.session() for _ in range(gateway_sessions)))
         started = time.monotonic()
         deadline = started + duration
-        await asyncio.gather(*(self.agent(k, sid, deadline, stats) for k, sid in enumerate(sids)))
+        await asyncio.gather(*(self.agent(k, sid, deadline, stats["gateway"]) for k, sid in enumerate(sids)),
+                             *(self.agent(gateway_sessions + k, None, deadline, stats["direct"])
+                               for k in range(direct_agents)))
         drained = time.monotonic() - started
         cpu = {name: round(used - cpu_before[name], 1) for name, used in self.cpu_seconds().items()}
+        tokens = {name: int(total - tokens_before[name]) for name, total in (await self.engine_counters()).items()}
         finished = await asyncio.gather(*(self.post(f"{self.gateway}/sessions/{sid}/finish", {"reward": 1.0})
-                                          for sid in sids if sid is not None))
-        in_window = sum(1 for t in stats["done_at"] if t <= deadline)
-        return {"path": "gateway" if via_gateway else "direct", "sessions": sessions, "window_s": duration,
-                "drained_s": round(drained, 1), "requests": len(stats["latency"]), "requests_in_window": in_window,
-                "requests_per_s": round(in_window / duration, 1), "errors": len(stats["errors"]),
-                "error_examples": stats["errors"][:5], "finished_sessions": len(finished), "cpu_s": cpu,
-                "samples_written": sum(len(f["sample_refs"]) for f in finished),
-                "latency": summary_ms(stats["latency"]) if stats["latency"] else {}}
+                                          for sid in sids))
+        phase = {"gateway_sessions": gateway_sessions, "direct_agents": direct_agents, "window_s": duration,
+                 "drained_s": round(drained, 1), "cpu_s": cpu, "engine_tokens": tokens,
+                 "finished_sessions": len(finished), "samples_written": sum(len(f["sample_refs"]) for f in finished)}
+        for path, st in stats.items():
+            in_window = sum(1 for t in st["done_at"] if t <= deadline)
+            phase[path] = {"requests": len(st["latency"]), "requests_in_window": in_window,
+                           "requests_per_s": round(in_window / duration, 1), "errors": len(st["errors"]),
+                           "error_examples": st["errors"][:5],
+                           "latency": summary_ms(st["latency"]) if st["latency"] else {}}
+        return phase
 
 
 async def run(args: argparse.Namespace, engine: str, gateway: str, pids: dict[str, int]) -> dict:
     template = GlmChatTemplate(load_tokenizer("builtin:tiny"))
     bench = Bench(engine, gateway, template, args.max_tokens, pids)
     results: dict = {"latency": await bench.latency(args.rounds)}
-    if args.sessions:  # alternating phases: the machine's load drifts, so neither path gets the quiet minute
-        results["load"] = [await bench.load(args.sessions, args.duration, via_gateway=phase % 2 == 0)
-                           for phase in range(2 * args.repeats)]
+    if args.sessions:
+        # The gateway alone with N sessions (the target), then gateway and direct side by side at N/2 each:
+        # same minute, same engine, same machine load (others share these two cores), so the ratio is fair.
+        results["load"] = [await bench.load(args.duration, args.sessions, 0),
+                           await bench.load(args.duration, args.sessions // 2, args.sessions // 2)]
     await bench.http.aclose()
     return results
 
@@ -211,15 +228,22 @@ def markdown(report: dict) -> str:
         o = lat[f"{name}_overhead"]
         lines.append(f"| {name} | {o['p50_ms']} | {o['p99_ms']} | {o['p50_difference_ms']} |")
     if "load" in report["results"]:
-        phases = report["results"]["load"]
-        lines += ["", f"## Sustained load: {phases[0]['sessions']} concurrent agent sessions, "
-                      f"{phases[0]['window_s']} s windows, phases alternating", "",
-                  "| phase | path | requests/s | requests (all) | errors | finished sessions | samples written | "
-                  "p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
-        for i, r in enumerate(phases):
-            lines.append(f"| {i} | {r['path']} | {r['requests_per_s']} | {r['requests']} | {r['errors']} | "
-                         f"{r['finished_sessions']} | {r['samples_written']} | {r['latency'].get('p50_ms')} | "
-                         f"{r['latency'].get('p99_ms')} |")
+        lines += ["", "## Sustained load (agent loops: 4-turn conversations, then a new episode)", "",
+                  "| phase | path | agents | requests/s | requests (all) | errors | p50 ms | p99 ms |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for i, phase in enumerate(report["results"]["load"]):
+            for path, agents in (("gateway", phase["gateway_sessions"]), ("direct", phase["direct_agents"])):
+                r = phase[path]
+                if agents:
+                    lines.append(f"| {i} | {path} | {agents} | {r['requests_per_s']} | {r['requests']} | {r['errors']} | "
+                                 f"{r['latency'].get('p50_ms')} | {r['latency'].get('p99_ms')} |")
+        lines += ["", "| phase | window s | drained s | sessions finished | samples written | CPU s (engine / gateway / "
+                  "client) | engine prompt / cached / generated tokens |", "|---|---|---|---|---|---|---|"]
+        for i, phase in enumerate(report["results"]["load"]):
+            cpu, tok = phase["cpu_s"], phase["engine_tokens"]
+            lines.append(f"| {i} | {phase['window_s']} | {phase['drained_s']} | {phase['finished_sessions']} | "
+                         f"{phase['samples_written']} | {cpu['engine']} / {cpu['gateway']} / {cpu['bench_client']} | "
+                         f"{tok.get('prompt')} / {tok.get('cached')} / {tok.get('generation')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -228,7 +252,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--sessions", type=int, default=1000, help="concurrent sessions of the load phase (0 skips it)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of each load phase")
-    p.add_argument("--repeats", type=int, default=2, help="gateway/direct phase pairs")
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--out", help="write <out>.json and <out>.md")
     args = p.parse_args()

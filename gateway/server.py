@@ -50,7 +50,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s)
     metrics = GatewayMetrics(lambda: registry.active, lambda: sum(e.healthy for e in pool.engines.values()))
     runner = TurnRunner(pool, metrics, cfg.max_interruptions)
-    registry = SessionRegistry(cfg, runner, store)
+    registry = SessionRegistry(cfg, runner, store, metrics)
     turns = Turns(template, runner, metrics, cfg.model_name, registry.spawn)
 
     @asynccontextmanager
@@ -75,7 +75,6 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     async def create_session(request: Request) -> Response:
         body = await parse_json_body(request, CreateSessionRequest)
         session = registry.create(body)
-        metrics.sessions_created.inc()
         base = (cfg.public_url or str(request.base_url)).rstrip("/")
         reply = CreateSessionResponse(session_id=session.id, base_url=f"{base}/sessions/{session.id}/v1")
         return json_response(reply.model_dump(), 201)
@@ -87,9 +86,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     @app.post("/sessions/{sid}/finish")
     async def finish_session(sid: str, request: Request) -> Response:
         body = await parse_json_body(request, FinishSessionRequest)
-        reply = await registry.finish(sid, body)
-        metrics.sessions_finished.labels(reply.status).inc()
-        return json_response(reply.model_dump())
+        return json_response((await registry.finish(sid, body)).model_dump())
 
     @app.delete("/sessions/{sid}")
     async def delete_session(sid: str) -> Response:

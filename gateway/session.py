@@ -140,6 +140,7 @@ class Session:
         self.num_turns = 0
         self.created = self.last_used = time.time()
         self.generate_s = 0.0
+        """Engine time of the committed turns (timings of the samples)."""
         self.lock = asyncio.Lock()
         """Turns of one session run one at a time (each extends the previous one)."""
         self.in_flight: dict[str, str] = {}
@@ -182,7 +183,7 @@ class Session:
             segment = Segment(tools=turn.tools, messages=[] if turn.new_messages is not None else None)
             self.segments.append(segment)
         elif segment is not self.segments[-1] or len(segment.tokens) != turn.base_len:
-            raise PrefixInvariantError(f"session {self.id}: segment changed while a turn was generated")
+            raise PrefixInvariantError(f"session {self.id[:8]}...: segment changed while a turn was generated")
         segment.append(turn.new_ids)
         for call in turn.calls:
             prompt_len = len(segment.tokens)
@@ -195,6 +196,7 @@ class Session:
             segment.messages += [*turn.new_messages, reply]
         segment.num_turns += 1
         self.num_turns += 1
+        self.generate_s += turn.engine_latency_s
         self.last_used = time.time()
 
     def record(self) -> SessionRecord:

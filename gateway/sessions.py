@@ -21,6 +21,7 @@ from asyncrl.config import GatewayConfig
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, FinishSessionResponse
 from asyncrl.store import Store
 from gateway.generation import TurnRunner
+from gateway.metrics import GatewayMetrics
 from gateway.recorder import record_session
 from gateway.session import Session
 
@@ -36,15 +37,15 @@ class StoreUnavailableError(RuntimeError):
 
 
 class SessionRegistry:
-    def __init__(self, cfg: GatewayConfig, runner: TurnRunner, store: Optional[Store],
+    def __init__(self, cfg: GatewayConfig, runner: TurnRunner, store: Optional[Store], metrics: GatewayMetrics,
                  max_finish_replies: int = 200_000) -> None:
         self.cfg = cfg
+        self.metrics = metrics
         self.runner = runner
         self.store = store
         self.sessions: dict[str, Session] = {}
         self.finish_replies: OrderedDict[str, FinishSessionResponse] = OrderedDict()
         self.max_finish_replies = max_finish_replies
-        self.finished_counts: dict[str, int] = {}
         self._background: set[asyncio.Task] = set()
 
     @property
@@ -54,6 +55,7 @@ class SessionRegistry:
     def create(self, request: CreateSessionRequest) -> Session:
         session = Session(secrets.token_urlsafe(24), request)
         self.sessions[session.id] = session
+        self.metrics.sessions_created.inc()
         return session
 
     def get(self, session_id: str) -> Session:
@@ -104,7 +106,8 @@ class SessionRegistry:
         self.finish_replies[session.id] = reply
         while len(self.finish_replies) > self.max_finish_replies:
             self.finish_replies.popitem(last=False)
-        self.finished_counts[status] = self.finished_counts.get(status, 0) + 1
+        self.metrics.sessions_finished.labels(status).inc()
+        self.metrics.samples_written.inc(len(refs))
         return reply
 
     # Housekeeping ------------------------------------------------------------------------------------

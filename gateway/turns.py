@@ -40,10 +40,7 @@ class Turns:
 
     # OpenAI chat -------------------------------------------------------------------------------------
     def plan_chat(self, session: Session, request: ChatCompletionRequest) -> Turn:
-        turn = session.chat_turn(self.template, request.messages, request.tools)
-        if turn.segment is None and session.segments:
-            self.metrics.new_segments.inc()
-        return turn
+        return session.chat_turn(self.template, request.messages, request.tools)
 
     def _sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
         return chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids)
@@ -59,7 +56,7 @@ class Turns:
             await self._run_watching_client(session, turn, self._sampling(session, request), client)
             message = reply.message(turn.output_ids)
             session.commit(turn, message)
-        self._count(turn, "chat", started)
+        self._count(session, turn, "chat", started)
         logprobs = token_logprobs(self.template.tokenizer, turn.output_ids, turn.output_logprobs) \
             if request.logprobs else None
         completion = chat_completion(_completion_id(), self.model_name, message,
@@ -87,7 +84,7 @@ class Turns:
             except (NoEngineError, SessionClosedError, ValueError) as err:  # headers are sent: an SSE error event
                 yield _sse({"error": {"message": str(err), "type": type(err).__name__, "code": None}})
                 return
-        self._count(turn, "chat_stream", started)
+        self._count(session, turn, "chat_stream", started)
         for delta in reply.deltas(turn.output_ids, final=True):
             yield _sse(chat_chunk(completion_id, self.model_name, delta))
         yield _sse(chat_chunk(completion_id, self.model_name, {}, finish_reason(message, turn.finish_reason)))
@@ -106,7 +103,7 @@ class Turns:
                         **{k: v for k, v in request.sampling_params.items() if v is not None}}
             await self._run_watching_client(session, turn, sampling, client)
             session.commit(turn)
-        self._count(turn, "generate", started)
+        self._count(session, turn, "generate", started)
         return _generate_response(turn, self.template.tokenizer.decode(turn.output_ids), request.return_logprob)
 
     # Plumbing ------------------------------------------------------------------------------------------
@@ -117,17 +114,21 @@ class Turns:
         gone = asyncio.ensure_future(_client_gone(client))
         try:
             await asyncio.wait((run, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        finally:  # the client left, or this handler itself was cancelled (shutdown)
             gone.cancel()
-        if not run.done():
-            in_flight = dict(session.in_flight)
-            run.cancel()
-            self.spawn(self.runner.abort(in_flight))
+            unfinished = not run.done()
+            if unfinished:
+                in_flight = dict(session.in_flight)
+                run.cancel()
+                self.spawn(self.runner.abort(in_flight))
+        if unfinished:
             self.metrics.client_disconnects.inc()
             raise ClientGoneError
         run.result()
 
-    def _count(self, turn: Turn, api: str, started: float) -> None:
+    def _count(self, session: Session, turn: Turn, api: str, started: float) -> None:
+        if turn.segment is None and len(session.segments) > 1:
+            self.metrics.new_segments.inc()
         self.metrics.turns.labels(api, turn.finish_reason).inc()
         self.metrics.prompt_tokens.inc(len(turn.new_ids))
         self.metrics.generated_tokens.inc(len(turn.output_ids))
