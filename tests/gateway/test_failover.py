@@ -119,3 +119,24 @@ async def test_finish_is_idempotent_and_abort_records_nothing(pair, store):
     assert (await turn).status_code == 409  # the in-flight turn was aborted, not recorded
     assert (await pair.finish(running, reward=1.0))["status"] == "aborted"
     assert await store.redis.xlen(store.key("samples")) == before + 1
+
+
+async def test_engine_abort_mid_turn_is_continued_with_its_tokens_kept(random_client, random_engine, reference_model):
+    """pause_generation(abort), as a weight update does: the engine ends the call early; the gateway
+    keeps the tokens it produced and continues the turn once the engine resumes."""
+    sid = (await random_client.create())["session_id"]
+    turn = asyncio.create_task(token_turn(random_client, sid, [1006, 1008, 1011, 72, 1012, 1014],
+                                          {**LONG, "max_new_tokens": 600}))
+    async with httpx.AsyncClient(base_url=random_engine.url, timeout=30) as engine:
+        await asyncio.sleep(1.0)
+        assert (await engine.post("/pause_generation", json={"mode": "abort"})).status_code == 200
+        await asyncio.sleep(0.5)
+        assert (await engine.post("/continue_generation", json={})).status_code == 200
+    out = await turn
+    assert len(out["output_ids"]) == 600 and out["meta_info"]["finish_reason"]["type"] == "length"
+    [segment] = (await random_client.record(sid))["segments"]
+    calls = segment["turns"]
+    assert len(calls) >= 2 and calls[0]["finish_reason"] == "abort" and calls[-1]["finish_reason"] == "length"
+    assert sum(c["output_len"] for c in calls) == 600
+    assert_ledger_consistent(segment)
+    assert_teacher_forced(reference_model, segment)
