@@ -68,9 +68,10 @@ def summary_ms(values: list[float]) -> dict[str, float]:
 
 
 class Bench:
-    def __init__(self, engine: str, gateway: str, template: GlmChatTemplate, max_tokens: int,
+    def __init__(self, engine: str, gateway: str, proxy: str, template: GlmChatTemplate, max_tokens: int,
                  pids: dict[str, int]) -> None:
-        self.engine, self.gateway, self.template, self.max_tokens = engine, gateway, template, max_tokens
+        self.engine, self.gateway, self.proxy, self.template = engine, gateway, proxy, template
+        self.max_tokens = max_tokens
         self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=4096)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(1200.0, connect=60.0), limits=limits)
@@ -102,7 +103,7 @@ class Bench:
 
     # 1. latency ------------------------------------------------------------------------------------
     async def latency(self, rounds: int) -> dict:
-        paths = {"direct": [], "gateway_generate": [], "gateway_chat": []}
+        paths = {"direct": [], "null_proxy": [], "gateway_generate": [], "gateway_chat": []}
         outside = {name: [] for name in paths}
         for i in range(rounds + 10):
             messages = [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]
@@ -111,12 +112,14 @@ class Bench:
             calls = {
                 "direct": (f"{self.engine}/generate", {"input_ids": ids, "sampling_params": self.params(i),
                                                       "return_logprob": True}),
+                "null_proxy": (f"{self.proxy}/generate", {"input_ids": ids, "sampling_params": self.params(i),
+                                                         "return_logprob": True}),
                 "gateway_generate": (f"{self.gateway}/sessions/{sid_a}/generate",
                                      {"input_ids": ids, "sampling_params": self.params(i)}),
                 "gateway_chat": (f"{self.gateway}/sessions/{sid_b}/v1/chat/completions",
                                  {"messages": messages, "max_tokens": self.max_tokens, "temperature": 1.0, "seed": i}),
             }
-            order = list(calls)[i % 3:] + list(calls)[:i % 3]
+            order = list(calls)[i % 4:] + list(calls)[:i % 4]
             for name in order:
                 elapsed, outside_engine = await self.timed(*calls[name])
                 if i >= 10:  # warm-up rounds are dropped
@@ -124,7 +127,7 @@ class Bench:
                     outside[name].append(outside_engine)
         result = {name: summary_ms(values) for name, values in paths.items()}
         result["outside_engine"] = {name: summary_ms(values) for name, values in outside.items()}
-        for name in ("gateway_generate", "gateway_chat"):
+        for name in ("null_proxy", "gateway_generate", "gateway_chat"):
             diffs = [g - d for g, d in zip(outside[name], outside["direct"])]
             result[f"{name}_overhead"] = {
                 "p50_ms": round(percentile(diffs, 0.5) * 1e3, 3), "p99_ms": round(percentile(diffs, 0.99) * 1e3, 3),
@@ -199,9 +202,9 @@ class Bench:
         return phase
 
 
-async def run(args: argparse.Namespace, engine: str, gateway: str, pids: dict[str, int]) -> dict:
+async def run(args: argparse.Namespace, engine: str, gateway: str, proxy: str, pids: dict[str, int]) -> dict:
     template = GlmChatTemplate(load_tokenizer("builtin:tiny"))
-    bench = Bench(engine, gateway, template, args.max_tokens, pids)
+    bench = Bench(engine, gateway, proxy, template, args.max_tokens, pids)
     results: dict = {"latency": await bench.latency(args.rounds)}
     if args.sessions:
         # The gateway alone with N sessions (the target), then gateway and direct side by side at N/2 each:
@@ -218,13 +221,15 @@ def markdown(report: dict) -> str:
              f"Machine: {report['machine']}. Load average before / after: {report['load_before']} / "
              f"{report['load_after']}. Engine: built-in CPU engine, random tiny GLM-5, "
              f"max_new_tokens={report['max_tokens']}.\n",
-             "## Latency at concurrency 1 (same prompt three ways per round, rotating order)\n",
+             "## Latency at concurrency 1 (same prompt four ways per round, rotating order)\n",
+             "`null_proxy` forwards bytes and does nothing else (bench/null_proxy.py): the floor of any HTTP hop here. "
+             "Overheads are of the time outside the engine (client latency minus the engine's own e2e_latency).\n",
              "| path | p50 ms | p99 ms | mean ms |", "|---|---|---|---|"]
-    for name in ("direct", "gateway_generate", "gateway_chat"):
+    for name in ("direct", "null_proxy", "gateway_generate", "gateway_chat"):
         lines.append(f"| {name} | {lat[name]['p50_ms']} | {lat[name]['p99_ms']} | {lat[name]['mean_ms']} |")
-    lines += ["", "| added by the gateway | p50 of per-round difference ms | p99 ms | difference of p50s ms |",
+    lines += ["", "| added to the direct call | p50 of per-round difference ms | p99 ms | difference of p50s ms |",
               "|---|---|---|---|"]
-    for name in ("gateway_generate", "gateway_chat"):
+    for name in ("null_proxy", "gateway_generate", "gateway_chat"):
         o = lat[f"{name}_overhead"]
         lines.append(f"| {name} | {o['p50_ms']} | {o['p99_ms']} | {o['p50_difference_ms']} |")
     if "load" in report["results"]:
@@ -267,8 +272,10 @@ def main() -> None:
         gateway_proc, gateway = start("gateway.server", ["--engine", engine, "--redis-url", redis.url, "--run", "bench"],
                                       workdir, "gateway")
         procs.append(gateway_proc)
+        proxy_proc, proxy = start("bench.null_proxy", ["--engine", engine], workdir, "null-proxy")
+        procs.append(proxy_proc)
         load_before = os.getloadavg()
-        results = asyncio.run(run(args, engine, gateway, {"engine": engine_proc.pid, "gateway": gateway_proc.pid,
+        results = asyncio.run(run(args, engine, gateway, proxy, {"engine": engine_proc.pid, "gateway": gateway_proc.pid,
                                                           "bench_client": os.getpid()}))
         report = {"command": "python " + " ".join(sys.argv), "machine": f"{os.cpu_count()} CPUs, shared",
                   "load_before": [round(x, 2) for x in load_before],
