@@ -11,15 +11,26 @@ The API is asyncio (redis.asyncio): every component that touches Redis runs an e
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Iterable, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
 
 from asyncrl.types import GroupRecord, Sample, TrainingGroup
 
+T = TypeVar("T")
+
 TRAINER_GROUP = "trainer"
+
+
+def run_sync(coro: Awaitable[T]) -> T:
+    """Run a store coroutine from synchronous code, also where an event loop is already running
+    (Ray actor threads): it runs on a private loop in a helper thread."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _s(value: bytes | str) -> str:
@@ -146,6 +157,17 @@ class Store:
 
     async def get_weights(self) -> dict[str, str]:
         return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+
+    # Engines ---------------------------------------------------------------------------------
+    async def register_engine(self, engine_id: str, url: str) -> None:
+        """Where an engine serves now (engine actors re-register after every restart)."""
+        await self.redis.hset(self.key("engines"), engine_id, url)
+
+    async def unregister_engine(self, engine_id: str) -> None:
+        await self.redis.hdel(self.key("engines"), engine_id)
+
+    async def engines(self) -> dict[str, str]:
+        return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("engines"))).items()}
 
     # Metrics -----------------------------------------------------------------------------------
     async def add_metrics(self, source: str, values: dict[str, float], maxlen: int = 100_000) -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -303,7 +306,19 @@ async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> A
             engine.call(lambda rid=rid: engine.scheduler.abort(rid, "client disconnected"))
 
 
-def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str]]:
+def watch_parent(poll_s: float = 1.0) -> None:
+    """SIGTERM ourselves (graceful shutdown) once the parent is gone (we get re-parented)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("parent process %d is gone: shutting down", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str], bool]:
     p = argparse.ArgumentParser(prog="asyncrl engine serve", description=__doc__)
     p.add_argument("--model", "--model-path", dest="model_path", required=True, help="HF-format checkpoint dir")
     p.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer_path")
@@ -319,14 +334,18 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--num-threads", type=int, default=1)
     p.add_argument("--served-model-name", default="asyncrl")
     p.add_argument("--url-file", help="write the bound URL here once serving")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="shut down when the launching process dies (engine actors set this)")
     args = vars(p.parse_args(argv))
-    url_file = args.pop("url_file")
-    return EngineArgs(**args), url_file
+    url_file, exit_with_parent = args.pop("url_file"), args.pop("exit_with_parent")
+    return EngineArgs(**args), url_file, exit_with_parent
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args, url_file = parse_args(argv)
+    args, url_file, exit_with_parent = parse_args(argv)
+    if exit_with_parent:
+        watch_parent()
     engine = Engine(args).start()
     serve(build_app(engine), args.host, args.port, url_file=url_file)
 
