@@ -131,11 +131,11 @@ def _ties_at_the_boundary(model: Glm5ForCausalLM, seq: torch.Tensor) -> int:
     batch = ForwardBatch.packed(seq, torch.tensor([0, len(seq)]))
     with torch.no_grad():
         x = layer.input_layernorm(model.model.embed_tokens(seq))
-        cos, sin = model.model.rotary_emb(batch.positions, x.dtype)
+        rotations = model.model.rotary_emb(batch.positions)
         q_resid = layer.self_attn.q_a_layernorm(layer.self_attn.q_a_proj(x))
         indexer = layer.self_attn.indexer
-        q, w = indexer.queries(x, q_resid, cos, sin)
-        scores = index_scores(q[None], w[None], indexer.keys(x, cos, sin)[None], indexer.softmax_scale)[0]
+        q, w = indexer.queries(x, q_resid, rotations)
+        scores = index_scores(q[None], w[None], indexer.keys(x, rotations)[None], indexer.softmax_scale)[0]
     k, ties = indexer.index_topk, 0
     for t in range(k, len(seq)):
         ranked = scores[t, : t + 1].sort(descending=True).values
