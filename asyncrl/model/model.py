@@ -58,8 +58,7 @@ class Glm5Model(nn.Module):
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """-> final hidden states [N, hidden] and the full layers' indexer losses (if asked)."""
         x = self.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary_emb(batch.positions, x.dtype)
-        ctx = AttentionContext(batch, cos, sin, cache, indexer_kl)
+        ctx = AttentionContext(batch, self.rotary_emb(batch.positions), cache, indexer_kl)
         selection, losses = None, []
         for layer in self.layers:
             if self.gradient_checkpointing and torch.is_grad_enabled():
