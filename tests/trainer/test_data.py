@@ -14,6 +14,8 @@ from trainer.data import GroupLoader
 from trainer.losses import direct_double_sided_is_loss
 from trainer.packing import fill_ratio, first_fit_decreasing, pack, to_micro_batch
 
+pytestmark = pytest.mark.timeout(60)  # a loader bug shows up as a hang: fail fast
+
 
 # Packing ---------------------------------------------------------------------------------------
 def scored(sample_id, prompt_len=4, gen_len=4, advantage=0.5, seed=0):
@@ -172,6 +174,17 @@ async def test_prefetched_steps_are_disjoint_and_commits_ack_once(store):
     assert group_ids(step3) == ["g4", "g5"]
     samples = [sid for b in (step1, step2, step3) for mb in b.micro_batches for sid in mb.sample_ids]
     assert len(samples) == len(set(samples)) == 24  # no sample trained twice
+
+
+async def test_prefetch_progresses_when_in_flight_groups_are_claimable(store):
+    """In-flight groups idle past claim_idle_ms (a long step) must not be re-claimed by their own reader
+    in place of new work (that would livelock at claim_idle_ms=0)."""
+    for k in range(4):
+        await put_group(store, f"g{k}")
+    loader = GroupLoader(store, "trainer-0", CONFIG, block_ms=50, claim_idle_ms=0)
+    step1 = await loader.next_step(10)
+    step2 = await asyncio.wait_for(loader.next_step(10), timeout=5)
+    assert group_ids(step1) == ["g0", "g1"] and group_ids(step2) == ["g2", "g3"]
 
 
 async def test_dropped_groups_are_consumed_with_the_step_but_not_trained(store):
