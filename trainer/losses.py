@@ -170,7 +170,8 @@ def icepop_ppo_loss(
     """
     rho = _log_ratio(old_logprobs, rollout_logprobs).exp()
     kept = loss_mask.bool() & (rho >= 1 / beta) & (rho <= beta)
-    ratio = torch.exp(logprobs - old_logprobs.detach())
+    log_ratio = torch.where(kept, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    ratio = log_ratio.exp()  # masked tokens: exp(0), so an overflowing ratio there cannot make a NaN gradient
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
     per_token = torch.where(kept, -rho * torch.minimum(unclipped, clipped), torch.zeros_like(logprobs))

@@ -159,6 +159,18 @@ def test_icepop_masks_weights_and_clips_hand_computed():
     assert summary["mean_ratio"] == pytest.approx((rho[0] + math.exp(1.0) + 1 + 1 + rho[4] + math.exp(-0.8)) / 6)
 
 
+def test_icepop_masked_tokens_get_exactly_zero_gradient_even_when_ratios_overflow():
+    logprobs, rollout, adv, mask = random_case((64,), seed=11, spread=1.0)
+    old = logprobs.detach() + torch.randn(64, dtype=F64) * 0.1
+    old[~mask] = -1000.0  # garbage where no loss is taken: exp(logp - old) overflows to inf
+    loss, _ = icepop_ppo_loss(logprobs, old, rollout, adv, mask)
+    loss.backward()
+    rho = torch.exp(old - rollout)
+    dropped = ~(mask & (rho >= 0.5) & (rho <= 2.0))
+    assert torch.isfinite(logprobs.grad).all() and dropped.sum() > 20
+    assert torch.equal(logprobs.grad[dropped], torch.zeros(int(dropped.sum()), dtype=F64))
+
+
 def test_icepop_on_policy_is_plain_policy_gradient():
     logprobs, _, adv, mask = random_case((5, 11), seed=7)
     same = logprobs.detach().clone()
