@@ -6,10 +6,11 @@ Per step: `samples` sequences with long-tailed (lognormal) lengths, as agentic r
 on the same lengths:
   ffd        trainer.packing.pack: varlen packing, first-fit-decreasing under a token budget
   next_fit   varlen packing in arrival order, a new micro-batch whenever the next sample does not fit
-  padded     [batch, seq] micro-batches of `padded_batch` samples in arrival order, padded to the longest
+  padded     [batch, seq] micro-batches of 8 samples in arrival order, padded to the longest
 Fill = real tokens / compute slots (budget x micro-batches for the varlen layouts, batch x max_len for
 padded). FFD's fill is bounded by the last micro-batch of a step being partly empty; the last column
-counts its micro-batches above ceil(tokens / budget), which no packing can beat. Pure CPU bookkeeping, no model: the figures are exact for the given seeds.
+counts its micro-batches above ceil(tokens / budget), which no packing can beat. Pure CPU
+bookkeeping, no model: the figures are exact for the given seeds.
 """
 
 from __future__ import annotations

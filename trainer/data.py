@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable
 
 from asyncrl.config import TrainerConfig
 from asyncrl.store import Store

@@ -72,7 +72,8 @@ def test_padding_cycles_through_valid_members_for_larger_gaps():
     (["completed", "failed", "completed", "completed"], [10, 10, 1, 10]),  # failed + stale together
 ])
 def test_group_without_a_valid_majority_is_dropped(statuses, versions):
-    samples = [make_sample(f"s{i}", status=st, version=v, reward=1.0) for i, (st, v) in enumerate(zip(statuses, versions))]
+    samples = [make_sample(f"s{i}", status=st, version=v, reward=1.0)
+               for i, (st, v) in enumerate(zip(statuses, versions))]
     scored = score(samples)
     assert scored.samples == []
     assert scored.stats.groups_dropped == 1 and scored.stats.groups_kept == 0
