@@ -83,10 +83,11 @@ def sequence_index(like: Tensor, cu_seqlens: Optional[Tensor]) -> tuple[Tensor, 
         return torch.arange(batch, device=like.device).repeat_interleave(seq), batch
     if cu_seqlens is None:
         raise ValueError("sequence aggregation of flat [num_tokens] tensors needs cu_seqlens")
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long().to(like.device)
-    if int(cu_seqlens[-1]) != like.numel():
+    if cu_seqlens.device.type == "cpu" and int(cu_seqlens[-1]) != like.numel():  # free on CPU; no sync on GPU
         raise ValueError(f"cu_seqlens covers {int(cu_seqlens[-1])} tokens, tensors have {like.numel()}")
-    return torch.arange(len(lengths), device=like.device).repeat_interleave(lengths), len(lengths)
+    positions = torch.arange(like.numel(), device=like.device)
+    ends = cu_seqlens[1:].to(like.device, torch.long)
+    return torch.searchsorted(ends, positions, right=True), len(ends)  # seq of p: number of ends <= p
 
 
 def aggregate(per_token: Tensor, loss_mask: Tensor, aggregation: str = "token",
