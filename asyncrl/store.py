@@ -12,7 +12,7 @@ The API is asyncio (redis.asyncio): every component that touches Redis runs an e
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Container, Iterable, Optional
 
 import msgpack
 import redis.asyncio as aioredis
@@ -76,10 +76,12 @@ class Store:
                 raise
 
     async def read_groups(self, consumer: str, count: int, block_ms: Optional[int] = None,
-                          group: str = TRAINER_GROUP, claim_idle_ms: int = 60_000) -> list[TrainingGroup]:
+                          group: str = TRAINER_GROUP, claim_idle_ms: int = 60_000,
+                          exclude: Container[str] = frozenset()) -> list[TrainingGroup]:
         """Up to `count` groups for `consumer`, oldest first: its own unacknowledged deliveries (a
         restarted reader), then deliveries of other consumers idle for `claim_idle_ms` (a crashed
-        reader), then new entries. Nothing is acknowledged here: see `ack_groups`."""
+        reader), then new entries. Nothing is acknowledged here: see `ack_groups`. Stream ids in
+        `exclude` (groups the caller already holds) count towards `count` but are not fetched again."""
         await self.ensure_consumer_group(group)
         stream = self.key("groups")
         entries = (await self.redis.xreadgroup(group, consumer, {stream: "0"}, count=count))[0][1]
@@ -90,7 +92,8 @@ class Store:
             fresh = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count - len(entries),
                                                 block=block_ms)
             entries += fresh[0][1] if fresh else []
-        return [await self._training_group(entry_id, fields) for entry_id, fields in entries]
+        return [await self._training_group(entry_id, fields) for entry_id, fields in entries
+                if _s(entry_id) not in exclude]
 
     async def _claim_from_others(self, group: str, consumer: str, min_idle_ms: int, count: int,
                                  own_pending: int) -> list:

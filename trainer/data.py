@@ -35,7 +35,7 @@ class StepBatch:
     """Everything one optimizer step trains on, plus what must be acknowledged after it."""
 
     step_id: int
-    """Sequence number of this batch within its loader (the ledger key)."""
+    """Sequence number of this batch within its loader (for logs)."""
     weight_version: int
     """Trainer weight version the staleness filter measured against."""
     micro_batches: list[MicroBatch]
@@ -43,6 +43,7 @@ class StepBatch:
     """Every group consumed by this step, including dropped ones (all acknowledged on commit)."""
     stats: FilterStats
     micro_batch_tokens: int
+    committed: bool = field(default=False, init=False)
     num_loss_tokens: int = field(init=False)
     num_loss_sequences: int = field(init=False)
 
@@ -75,8 +76,7 @@ class GroupLoader:
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self._trained = set(trained_stream_ids)
-        self._in_flight: dict[str, int] = {}  # stream id -> step_id of the uncommitted batch holding it
-        self._committed: set[int] = set()
+        self._in_flight: set[str] = set()  # stream ids of groups in batches not committed yet
         self._step_ids = itertools.count()
 
     @property
@@ -92,14 +92,13 @@ class GroupLoader:
         try:
             while len(kept) < self.config.groups_per_step:
                 for group in await self._read(self.config.groups_per_step - len(kept)):
-                    self._in_flight[group.stream_id] = step_id
+                    self._in_flight.add(group.stream_id)
                     scored = score_group(group, weight_version, self.config.staleness_tau, self.config.advantage)
                     consumed.append(scored)
                     if scored.samples:
                         kept.append(scored)
         except BaseException:  # cancelled or failed: hand the groups back to the next call
-            for scored in consumed:
-                self._in_flight.pop(scored.group.stream_id, None)
+            self._in_flight.difference_update(scored.group.stream_id for scored in consumed)
             raise
         samples = [s for scored in kept for s in scored.samples]
         return StepBatch(step_id, weight_version, pack(samples, self.config.micro_batch_tokens),
@@ -108,24 +107,19 @@ class GroupLoader:
 
     async def commit(self, batch: StepBatch) -> None:
         """The step is durable: acknowledge its groups. Committing a batch again does nothing."""
-        if batch.step_id in self._committed:
+        if batch.committed:
             return
         await self.store.ack_groups(batch.groups)
-        self._committed.add(batch.step_id)
-        for stream_id in batch.stream_ids:
-            self._in_flight.pop(stream_id, None)
+        batch.committed = True
+        self._in_flight.difference_update(batch.stream_ids)
 
     async def _read(self, count: int) -> list[TrainingGroup]:
         """Up to `count` groups not already in an uncommitted batch of this loader. Our own pending
-        entries come back first from Store.read_groups, so ask for enough to see past them."""
+        entries (the in-flight ones among them) come back first from Store.read_groups, so ask for
+        enough to see past them; the in-flight ones are skipped without being fetched."""
         groups = await self.store.read_groups(self.consumer, count + len(self._in_flight), block_ms=self.block_ms,
-                                              claim_idle_ms=self.claim_idle_ms)
-        fresh: dict[str, TrainingGroup] = {}
-        for group in groups:
-            if group.stream_id in self._in_flight or group.stream_id in fresh:
-                continue
-            fresh[group.stream_id] = group
-        return await self._skip_trained(list(fresh.values())[:count])
+                                              claim_idle_ms=self.claim_idle_ms, exclude=self._in_flight)
+        return await self._skip_trained(groups[:count])
 
     async def _skip_trained(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
         """Acknowledge (without training) groups a checkpoint says were trained before a crash."""
