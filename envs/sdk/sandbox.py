@@ -67,8 +67,9 @@ class SandboxConfig:
 
 @dataclass
 class ExecResult:
-    exit_code: Optional[int]
-    """The command's exit status; negative = killed by that signal; None never happens after wait."""
+    exit_code: int
+    """The command's exit status (128+N: killed by signal N, e.g. 137 by a CPU or memory limit);
+    negative -N: the sandbox itself was stopped by signal N (timeout, output cap)."""
     output_bytes: bytes
     """stdout and stderr interleaved, at most max_output_bytes."""
     truncated: bool

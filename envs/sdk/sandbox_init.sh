@@ -20,9 +20,10 @@ mount -t tmpfs -o "size=${tmp_mb}m,mode=1777,nosuid,nodev" sandbox-tmp /tmp
 mkdir -p "$work"
 mount --no-canonicalize --bind . "$work"
 
+# Mounts below /tmp and /proc are hidden under the fresh ones, out of reach: nothing to remount there.
 awk '{print $2}' /proc/self/mounts | sort -u | while read -r m; do
   case "$m" in
-    "$work"|/tmp|/proc) ;;
+    "$work"|/tmp|/tmp/*|/proc|/proc/*) ;;
     *) mount -o remount,bind,ro "$m" ;;
   esac
 done
