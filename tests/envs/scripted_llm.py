@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from tests.envs.threaded_server import ThreadedServer
 
 
 @dataclass
@@ -55,9 +54,11 @@ class ScriptedLLM:
     def __init__(self) -> None:
         self.scripts: dict[str, Script] = {}
         self._ids = itertools.count()
-        self.url = ""
-        self._server: Optional[uvicorn.Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server = ThreadedServer(self._app())
+
+    @property
+    def url(self) -> str:
+        return self._server.url
 
     def script(self, *steps: Step) -> tuple[str, Script]:
         """Register a script; returns (base_url for the episode's llm block, the Script record)."""
@@ -66,23 +67,11 @@ class ScriptedLLM:
         return f"{self.url}/scripts/{script_id}/v1", self.scripts[script_id]
 
     def start(self) -> "ScriptedLLM":
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(self._app(), log_config=None, access_log=False,
-                                                   timeout_graceful_shutdown=1))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("scripted LLM server did not start")
-            time.sleep(0.01)
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()
 
     def _app(self) -> FastAPI:
         app = FastAPI()
