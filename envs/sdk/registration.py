@@ -50,7 +50,7 @@ class Registrar:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.env_id is not None:
             try:
-                await self._http.delete(f"/v1/envs/{self.env_id}")
+                await self._http.delete(f"/v1/envs/{self.env_id}", timeout=3.0)
                 log.info("deregistered env_id=%s", self.env_id)
             except httpx.HTTPError as err:
                 log.warning("deregistering env_id=%s failed: %s", self.env_id, err)

@@ -116,9 +116,13 @@ class EpisodeRunner:
         play = self._running.get(episode_id)
         return play is not None and play.cancel()
 
+    def refuse_new(self) -> None:
+        """From now on admit() answers 503: the service is going away."""
+        self._draining = True
+
     async def drain(self, grace_s: float) -> None:
         """Refuse new episodes, let running ones finish for up to grace_s, then abort the rest."""
-        self._draining = True
+        self.refuse_new()
         deadline = time.monotonic() + grace_s
         while self._running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable, Mapping, Optional, Sequence, Union
+from typing import AsyncContextManager, Callable, Mapping, Optional, Sequence, Union
 
 SANDBOX_BACKENDS = {
     "namespace": "envs.sdk.sandbox_namespace:NamespaceBackend",
@@ -143,7 +143,7 @@ class SandboxBackend(ABC):
         """Raise SandboxUnavailable (saying why) unless sandboxes work on this machine."""
 
     @abstractmethod
-    def session(self, name: str) -> "AsyncIterator[Sandbox]":
+    def session(self, name: str) -> AsyncContextManager[Sandbox]:
         """`async with backend.session(episode_id) as sandbox:` a fresh sandbox, cleaned up on exit."""
 
     async def close(self) -> None:

@@ -2,8 +2,8 @@
 
     start: probe the sandbox (refuse to start without isolation unless the operator chose
            local_unsafe) -> list tasks -> bind -> serve -> register with the orchestrator
-    stop:  deregister -> refuse new episodes, let running ones finish for drain_grace_s, abort
-           the rest (their callers get status "aborted") -> close the server -> release sandboxes
+    stop:  refuse new episodes (503) -> deregister -> let running ones finish for drain_grace_s,
+           abort the rest (their callers get status "aborted") -> close the server -> release sandboxes
 """
 
 from __future__ import annotations
@@ -76,8 +76,7 @@ class EnvService:
         await self.runner.load_tasks()
         app = create_app(self.runner, self.metrics, self.name, self.domain)
         sock = _bind(self.config.host, self.config.port)
-        host, port = sock.getsockname()[:2]
-        self.url = self.config.public_url or (f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+        self.url = self.config.public_url or _url(*sock.getsockname()[:2])
         self._server = _QuietServer(uvicorn.Config(app, log_config=None, access_log=False,
                                                    timeout_graceful_shutdown=5))
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="uvicorn")
@@ -91,6 +90,8 @@ class EnvService:
         return self.url
 
     async def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.refuse_new()
         if self.registrar is not None:
             await self.registrar.stop()
         if self.runner is not None:
@@ -128,6 +129,13 @@ class _QuietServer(uvicorn.Server):
 
     def capture_signals(self):
         return nullcontext()
+
+
+def _url(host: str, port: int) -> str:
+    """How others reach a socket bound to host:port (a wildcard bind is reached by the machine's name)."""
+    if host in ("0.0.0.0", "::"):
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -125,61 +125,72 @@ def draw_cases(spec: FunctionSpec, rng: random.Random) -> list[tuple[tuple, Any]
     return cases
 
 
-def make_task(rng: random.Random, index: int) -> dict | None:
-    """One task, or None when the drawn mutation is not a usable bug (survives all cases, or hangs)."""
-    theme = rng.choice(sorted(THEMES))
-    specs, packages = THEMES[theme]
-    chosen = rng.sample(specs, 3)
-    buggy_spec = rng.choice(chosen)
-    buggy_source, bug = mutate(normalized(buggy_spec.source), rng.randrange(count_sites(buggy_spec.source)))
-    mutant = load(buggy_source, buggy_spec.name)
-    results, failing = draw_cases(buggy_spec, rng), []
-    for args, want in results:
+@dataclass
+class PlantedBug:
+    spec: FunctionSpec
+    source: str
+    """The mutated function."""
+    change: str
+    """Where and what changed, e.g. 'line 4: <= -> <' (kept in the task record, never shown)."""
+    visible: list[tuple[tuple, Any]]
+    """Cases for the visible test file; the first one fails on the bug."""
+    hidden: list[tuple[tuple, Any]]
+    """Cases for the held-out test file; the first one fails on the bug."""
+
+
+def plant_bug(rng: random.Random, spec: FunctionSpec) -> PlantedBug | None:
+    """Mutate one site of spec; None unless at least two cases catch the bug and nothing hangs."""
+    source, change = mutate(normalized(spec.source), rng.randrange(count_sites(spec.source)))
+    cases = draw_cases(spec, rng)
+    failing = failing_cases(load(source, spec.name), cases)
+    if failing is None or len(failing) < 2:
+        return None
+    rng.shuffle(cases)
+    visible = [failing[0]] + [c for c in cases if c is not failing[0]][:VISIBLE_CASES - 1]
+    hidden_fail = next(c for c in failing if c not in visible)
+    hidden = [hidden_fail] + [c for c in cases if c not in visible and c is not hidden_fail][:HIDDEN_CASES - 1]
+    return PlantedBug(spec, source, change, visible, hidden)
+
+
+def failing_cases(mutant: Callable, cases: list[tuple[tuple, Any]]) -> list[tuple[tuple, Any]] | None:
+    """The cases the mutant gets wrong; None when it hangs on any (such tasks would only time out)."""
+    failing = []
+    for args, want in cases:
         got = outcome(mutant, args)
         if got == Failure("hang"):
             return None
         if not same(got, want):
             failing.append((args, want))
-    if len(failing) < 2:
+    return failing
+
+
+def make_task(rng: random.Random, index: int) -> dict | None:
+    """One task, or None when the drawn mutation is not a usable bug."""
+    theme = rng.choice(sorted(THEMES))
+    specs, packages = THEMES[theme]
+    chosen = rng.sample(specs, 3)
+    bug = plant_bug(rng, rng.choice(chosen))
+    if bug is None:
         return None
-    rng.shuffle(results)
-    first_fail = failing[0]
-    rest = [r for r in results if r is not first_fail]
-    visible = [first_fail] + rest[:VISIBLE_CASES - 1]
-    hidden_pool = [r for r in results if r not in visible]
-    hidden_fail = next(r for r in failing if r not in visible)
-    hidden = [hidden_fail] + [r for r in hidden_pool if r is not hidden_fail][:HIDDEN_CASES - 1]
-    return assemble(rng, index, theme, packages, chosen, buggy_spec, buggy_source, bug, visible, hidden)
-
-
-def assemble(rng, index, theme, packages, chosen, buggy_spec, buggy_source, bug, visible, hidden) -> dict:
     package = rng.choice(packages)
-    module_path = f"{package}/{rng.choice(('core', 'helpers', 'utils', 'ops'))}.py"
-    doc = f'"""Small {theme} helpers."""\n'
-    parts = {s.name: (buggy_source if s is buggy_spec else normalized(s.source)) for s in chosen}
-    correct_parts = {s.name: normalized(s.source) for s in chosen}
-    visible_cases, hidden_cases = {buggy_spec.name: visible}, {buggy_spec.name: hidden}
+    module = f"{package}/{rng.choice(('core', 'helpers', 'utils', 'ops'))}.py"
+    visible, hidden = {bug.spec.name: bug.visible}, {bug.spec.name: bug.hidden}
     for spec in chosen:
-        if spec is not buggy_spec:
+        if spec is not bug.spec:
             rows = draw_cases(spec, rng)
-            visible_cases[spec.name], hidden_cases[spec.name] = rows[:OTHER_VISIBLE], rows[OTHER_VISIBLE:
-                                                                                            OTHER_VISIBLE + OTHER_HIDDEN]
-    test_name = f"tests/test_{Path(module_path).stem}.py"
+            visible[spec.name], hidden[spec.name] = rows[:OTHER_VISIBLE], rows[OTHER_VISIBLE:OTHER_VISIBLE + OTHER_HIDDEN]
+    doc = f'"""Small {theme} helpers."""\n\n\n'
+    buggy = doc + "\n\n".join(bug.source if s is bug.spec else normalized(s.source) for s in chosen)
+    fixed = doc + "\n\n".join(normalized(s.source) for s in chosen)
+    test_name = f"tests/test_{Path(module).stem}.py"
     return {
-        "task_id": f"swe-{index:04d}",
-        "theme": theme,
-        "module": module_path,
-        "visible_test": test_name,
-        "repo": {
-            "README.md": f"# {package}\n\nSmall {theme} helpers. Run the tests with `python -m unittest`.\n",
-            f"{package}/__init__.py": doc,
-            module_path: doc + "\n\n" + "\n\n".join(parts.values()),
-            "tests/__init__.py": "",
-            test_name: test_file(module_path, visible_cases, "TestVisible"),
-        },
-        "hidden_tests": {"tests/test_heldout.py": test_file(module_path, hidden_cases, "TestHeldOut")},
-        "solution": {module_path: doc + "\n\n" + "\n\n".join(correct_parts.values())},
-        "bug": {"function": buggy_spec.name, "change": bug},
+        "task_id": f"swe-{index:04d}", "theme": theme, "module": module, "visible_test": test_name,
+        "repo": {"README.md": f"# {package}\n\nSmall {theme} helpers. Run the tests with `python -m unittest`.\n",
+                 f"{package}/__init__.py": doc.rstrip() + "\n", module: buggy, "tests/__init__.py": "",
+                 test_name: test_file(module, visible, "TestVisible")},
+        "hidden_tests": {"tests/test_heldout.py": test_file(module, hidden, "TestHeldOut")},
+        "solution": {module: fixed},
+        "bug": {"function": bug.spec.name, "change": bug.change},
     }
 
 

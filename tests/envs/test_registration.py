@@ -2,7 +2,6 @@
 
 import asyncio
 import socket
-import time
 
 import httpx
 import pytest
@@ -12,7 +11,7 @@ from envs.sdk.registration import Registrar
 from envs.tasks import ArithmeticEnv
 from tests.envs.recording_orchestrator import RecordingOrchestrator
 from tests.envs.scripted_llm import say
-from tests.envs.service_process import ServiceProcess, run_episode
+from tests.envs.service_process import ServiceProcess, episode_request, run_episode
 
 TOKEN = "s3cret-token"
 
@@ -28,7 +27,7 @@ async def test_service_registers_heartbeats_and_deregisters_on_sigterm(orchestra
                                                                        monkeypatch):
     monkeypatch.setenv("ASYNCRL_ORCHESTRATOR_TOKEN", TOKEN)  # the token travels by environment, not argv
     service = ServiceProcess("envs.tasks.ArithmeticEnv", tmp_path, "--orchestrator", orchestrator.url,
-                             "--capacity", "3", "--weight", "2.5", "--drain-grace-s", "1").start()
+                             "--capacity", "3", "--weight", "2.5", "--drain-grace-s", "3").start()
     try:
         (register,) = orchestrator.wait_for(orchestrator.registrations)
         assert register.authorization == f"Bearer {TOKEN}"
@@ -44,11 +43,14 @@ async def test_service_registers_heartbeats_and_deregisters_on_sigterm(orchestra
             running = asyncio.create_task(run_episode(client, service.url, "arith-00000", url))
             await asyncio.to_thread(orchestrator.wait_for,
                                     lambda: [c for c in orchestrator.of("POST", "/heartbeat") if c.body["in_flight"] == 1])
-            service.terminate()  # SIGTERM mid-episode: deregister, grace 1 s, abort, exit 0
+            service.terminate()  # SIGTERM mid-episode: deregister, refuse new work, grace 3 s, abort, exit 0
+            await asyncio.to_thread(orchestrator.wait_for, lambda: orchestrator.of("DELETE"))
+            refused = await client.post(f"{service.url}/episodes", json=episode_request("arith-00001", url))
             result = await running
         assert service.wait_exit(30) == 0
     finally:
         service.stop()
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
     assert result["status"] == "aborted"
     (deregister,) = orchestrator.of("DELETE")
     assert deregister.path == "/v1/envs/env-1" and deregister.authorization == f"Bearer {TOKEN}"

@@ -113,7 +113,7 @@ async def test_bad_request_names_the_field(service, change, field):
 
 
 async def test_unknown_task_duplicate_episode_and_garbage(service, scripted_llm):
-    url, _ = scripted_llm.script(say("1", delay_s=3))
+    url, _ = scripted_llm.script(say("1", delay_s=1.5))
     async with httpx.AsyncClient() as client:
         unknown = await client.post(f"{service.url}/episodes", json=episode_request("arith-99999", url))
         garbage = await client.post(f"{service.url}/episodes", content=b"{not json",
