@@ -88,11 +88,15 @@ class ExecResult:
 
 
 class Sandbox(ABC):
-    """One episode's sandbox: a working directory and commands run inside it under limits."""
+    """One episode's sandbox: a working directory and commands run inside it under limits.
+
+    Commands of one sandbox run one at a time (concurrent calls queue): the episode's process and
+    memory limits then belong to one command, not to however many an env started at once."""
 
     def __init__(self, workdir: Path, config: SandboxConfig):
         self.workdir = workdir
         self.config = config
+        self._one_at_a_time = asyncio.Lock()
 
     @abstractmethod
     async def _spawn(self, argv: Sequence[str], stdin: bool) -> asyncio.subprocess.Process:
@@ -106,6 +110,11 @@ class Sandbox(ABC):
                   max_output_bytes: Optional[int] = None) -> ExecResult:
         """Run a command in the working directory and wait for it (or its timeout / output cap)."""
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        async with self._one_at_a_time:
+            return await self._run(argv, stdin, timeout_s, max_output_bytes)
+
+    async def _run(self, argv: list[str], stdin: Optional[bytes], timeout_s: Optional[float],
+                   max_output_bytes: Optional[int]) -> ExecResult:
         started = time.monotonic()
         proc = await self._spawn(argv, stdin is not None)
         try:

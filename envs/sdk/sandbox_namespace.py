@@ -4,7 +4,7 @@ One command runs as
 
   setpriv --pdeathsig KILL          dies with the service
   unshare --net --mount --pid ...   no network interface but a down loopback; own mounts; own pids
-  sh sandbox_init.sh                joins the episode's cgroups, private /tmp, all else read-only
+  python sandbox_init.py            joins the episode's cgroups, private /tmp, all else read-only
   prlimit ...                       CPU seconds, address space, file size, processes, open files
   setpriv --reuid U ...             the episode's uid, no capabilities, no_new_privs
   env -i ... bash -c COMMAND
@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,8 +32,8 @@ from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxUnav
 
 log = logging.getLogger("envs.sandbox")
 
-INIT_SCRIPT = Path(__file__).with_name("sandbox_init.sh")
-REQUIRED_TOOLS = ("unshare", "setpriv", "prlimit", "mount", "umount", "awk", "bash", "tar")
+INIT = Path(__file__).with_name("sandbox_init.py")
+REQUIRED_TOOLS = ("unshare", "setpriv", "prlimit", "mount", "umount", "bash", "tar")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -58,7 +59,7 @@ class NamespaceSandbox(Sandbox):
         return [
             "setpriv", "--pdeathsig", "KILL", "--",
             "unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-            "/bin/sh", str(INIT_SCRIPT), str(self.workdir), str(c.tmp_mb), cgroups, "--",
+            sys.executable, "-I", "-S", str(INIT), str(self.workdir), str(c.tmp_mb), cgroups, "--",
             "prlimit", f"--cpu={c.cpu_s}", f"--as={c.memory_mb * mb}", f"--fsize={c.max_file_mb * mb}",
             f"--nproc={c.max_processes}", f"--nofile={c.max_open_files}", "--core=0", "--",
             "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",

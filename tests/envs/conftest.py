@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
 from tests.envs.scripted_llm import ScriptedLLM
 from tests.envs.service_process import ServiceProcess
-
-
-def namespace_sandbox_available() -> bool:
-    """Root plus working namespaces: the isolating sandbox can run here."""
-    import os
-
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"], capture_output=True)
-    return probe.returncode == 0
-
-
-NAMESPACES = namespace_sandbox_available()
-needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="needs root and Linux namespaces (unshare)")
-SANDBOX_ARGS = () if NAMESPACES else ("--unsafe-local-sandbox",)
-"""Where namespaces are missing, env end-to-end tests still run, on the unsafe sandbox (chosen explicitly)."""
 
 
 @pytest.fixture(scope="session")

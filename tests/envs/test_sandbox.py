@@ -15,7 +15,7 @@ import pytest
 
 from envs.sdk.cgroups import find_hierarchies
 from envs.sdk.sandbox import SandboxConfig, make_sandbox_backend
-from tests.envs.conftest import needs_namespaces
+from tests.envs.isolation import needs_namespaces
 
 LIMITS = dict(command_timeout_s=5, cpu_s=2, memory_mb=512, max_processes=32, max_output_bytes=32768)
 

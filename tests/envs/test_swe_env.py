@@ -10,7 +10,7 @@ from envs.sdk.sandbox import SandboxConfig, make_sandbox_backend
 from envs.swe.env import DATA, SweEnv
 from envs.swe.generate import generate
 from envs.swe.mutations import count_sites, mutate
-from tests.envs.conftest import NAMESPACES, SANDBOX_ARGS
+from tests.envs.isolation import NAMESPACES, SANDBOX_ARGS
 from tests.envs.scripted_llm import call, say
 from tests.envs.service_process import run_episode
 

@@ -62,6 +62,16 @@ async def test_multi_turn_chain(services, scripted_llm):
     assert (short["status"], short["num_turns"], short["reward"]) == ("truncated", 1, 0.5)
 
 
+async def test_extra_sampling_keys_reach_the_endpoint(services, scripted_llm):
+    url, script = scripted_llm.script(say("0"))
+    sampling = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 8, "top_k": 5, "stop": ["\n"]}
+    async with httpx.AsyncClient() as client:
+        await run_episode(client, services["arithmetic"].url, "arith-00000", url,
+                          llm={"base_url": url, "model": "m", "sampling": sampling})
+    sent = script.requests[0]
+    assert {k: sent[k] for k in sampling} == sampling and sent["model"] == "m"
+
+
 def test_same_seed_same_tasks():
     a, b, other = ArithmeticEnv(seed=3), ArithmeticEnv(seed=3), ArithmeticEnv(seed=4)
     ids = [f"arith-{i:05d}" for i in range(20)]

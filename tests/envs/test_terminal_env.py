@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from envs.terminal.generate import DATA, TEMPLATES, generate
-from tests.envs.conftest import SANDBOX_ARGS, needs_namespaces
+from tests.envs.isolation import SANDBOX_ARGS, needs_namespaces
 from tests.envs.scripted_llm import call, say
 from tests.envs.service_process import ROOT, ServiceProcess, run_episode
 
