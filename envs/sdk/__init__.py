@@ -14,7 +14,7 @@ See docs/envs.md.
 
 from envs.sdk.agent import AgentLoop, LoopOutcome, Tool, ToolResult, schema
 from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
-from envs.sdk.protocol import EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeStatus
 from envs.sdk.sandbox import ExecResult, Sandbox, SandboxConfig
 
 __all__ = ["AgentLoop", "Environment", "EpisodeContext", "EpisodeResult", "EpisodeStatus", "ExecResult",

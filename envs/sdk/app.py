@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from envs.sdk.metrics import ServiceMetrics
-from envs.sdk.protocol import (CancelResponse, EpisodeRequest, EpisodeResponse, ErrorResponse, HealthResponse,
-                               InfoResponse, TasksResponse)
+from asyncrl.protocols.env_service import (CancelResponse, EpisodeRequest, EpisodeResponse, ErrorResponse,
+                                           HealthResponse, InfoResponse, TasksResponse)
 from envs.sdk.runner import AdmissionError, EpisodeRunner
 
 DISCONNECT_POLL_S = 1.0

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from envs.sdk.protocol import EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeStatus
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from envs.sdk.protocol import EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeStatus
 
 
 class ServiceMetrics:

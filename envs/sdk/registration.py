@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from envs.sdk.protocol import HeartbeatRequest, RegisterRequest, RegisterResponse
+from asyncrl.protocols.orchestrator import HeartbeatRequest, RegisterRequest, RegisterResponse
 
 log = logging.getLogger("envs.registration")
 

@@ -22,7 +22,7 @@ from openai import AsyncOpenAI
 
 from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
 from envs.sdk.metrics import ServiceMetrics
-from envs.sdk.protocol import EpisodeRequest, EpisodeResponse, EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, EpisodeStatus
 from envs.sdk.sandbox import SandboxBackend
 
 log = logging.getLogger("envs.runner")

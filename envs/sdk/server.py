@@ -20,7 +20,7 @@ import uvicorn
 from envs.sdk.app import create_app
 from envs.sdk.base import Environment
 from envs.sdk.metrics import ServiceMetrics
-from envs.sdk.protocol import RegisterRequest
+from asyncrl.protocols.orchestrator import RegisterRequest
 from envs.sdk.registration import Registrar
 from envs.sdk.runner import EpisodeRunner
 from envs.sdk.sandbox import SandboxBackend, SandboxConfig, SandboxUnavailable, make_sandbox_backend

@@ -6,7 +6,7 @@ import socket
 import httpx
 import pytest
 
-from envs.sdk.protocol import RegisterRequest
+from asyncrl.protocols.orchestrator import RegisterRequest
 from envs.sdk.registration import Registrar
 from envs.tasks import ArithmeticEnv
 from tests.envs.recording_orchestrator import RecordingOrchestrator

@@ -1,7 +1,7 @@
 """Wire types of the env-service protocol (shared/protocols/env-service.md), named after the endpoints.
 
-No logic lives here: handlers in app.py accept and return these types, and registration.py sends
-the orchestrator-side ones. Field validation is what turns a bad request into a 422 naming the field.
+No logic lives here: env services (envs/sdk/app.py) accept and return these types and the
+orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field.
 """
 
 from __future__ import annotations
@@ -93,26 +93,3 @@ class ErrorResponse(BaseModel):
     """What is wrong, naming the offending field or id."""
     fields: list[str] = Field(default_factory=list)
     """Dotted paths of the invalid request fields (validation errors only)."""
-
-
-class RegisterRequest(BaseModel):
-    """POST {orchestrator}/v1/envs"""
-
-    name: str
-    domain: str
-    url: str
-    capacity: int
-    weight: float = 1.0
-
-
-class RegisterResponse(BaseModel):
-    env_id: str
-    heartbeat_interval_s: float
-    heartbeat_timeout_s: float
-
-
-class HeartbeatRequest(BaseModel):
-    """POST {orchestrator}/v1/envs/{env_id}/heartbeat"""
-
-    in_flight: int
-    healthy: bool = True
