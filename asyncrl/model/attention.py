@@ -85,7 +85,7 @@ class MLA(nn.Module):
         selection = self._select(x, q_resid, ctx) if self.indexer is not None else shared
         query = self.absorb_query(q, ctx.rotations)  # [N, h, kv_lora + rope]
         kl = None
-        if selection is not None and ctx.batch.attention_impl != "dense":
+        if selection is not None and (ctx.indexer_kl or ctx.batch.uses_sparse_kernel(self.index_topk)):
             out, probs = self.sparse_attention(query, store, selection)
             if self.indexer is not None and ctx.indexer_kl:
                 kl = self._indexer_kl(x, q_resid, probs, selection, ctx)
@@ -138,7 +138,8 @@ class MLA(nn.Module):
         scores = torch.bmm(query, rows.transpose(1, 2)) * self.scale  # [N, h, k]
         probs = scores.masked_fill(selection.invalid[:, None], float("-inf")).softmax(-1, dtype=torch.float32)
         probs = probs.to(query.dtype)
-        return torch.bmm(probs, rows[..., : self.kv_lora_rank]), probs
+        out = torch.bmm(probs, rows)[..., : self.kv_lora_rank]  # slicing the small output: cheaper backward
+        return out, probs
 
     def dense_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Optional[Selection],
                         batch: ForwardBatch) -> torch.Tensor:
@@ -147,9 +148,12 @@ class MLA(nn.Module):
         mask = torch.arange(batch.max_context, device=query.device) <= batch.query_positions[..., None]  # [B, Lq, Lk]
         if selection is not None:
             mask &= selection.dense_mask(batch.max_context)
-        scores = torch.einsum("bqhc,bkc->bqhk", batch.to_padded(query), rows) * self.scale
+        num_seqs, max_extend = mask.shape[:2]
+        padded = batch.to_padded(query).view(num_seqs, max_extend * self.n_heads, -1)  # [B, Lq * h, kv_lora + rope]
+        scores = torch.bmm(padded, rows.transpose(1, 2)).view(num_seqs, max_extend, self.n_heads, -1) * self.scale
         probs = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
-        return batch.to_flat(torch.einsum("bqhk,bkc->bqhc", probs, rows[..., : self.kv_lora_rank]))
+        out = torch.bmm(probs.view(num_seqs, max_extend * self.n_heads, -1), rows[..., : self.kv_lora_rank])
+        return batch.to_flat(out.view(num_seqs, max_extend, self.n_heads, -1))  # [N, h, kv_lora]
 
     def _indexer_kl(self, x: torch.Tensor, q_resid: torch.Tensor, probs: torch.Tensor, selection: Selection,
                     ctx: AttentionContext) -> torch.Tensor:

@@ -100,8 +100,12 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
-    """I = sum_h w_h ReLU(q_h . k * scale): q [B, Lq, Hi, D], weights [B, Lq, Hi], keys [B, Lk, D] -> [B, Lq, Lk]."""
-    scores = F.relu(torch.matmul(q, keys.transpose(1, 2).unsqueeze(1)) * scale)  # [B, Lq, Hi, Lk]
+    """I = sum_h w_h ReLU(q_h . k * scale): q [B, Lq, Hi, D], weights [B, Lq, Hi], keys [B, Lk, D] -> [B, Lq, Lk].
+
+    Not differentiable (in-place ops keep one [B, Lq, Hi, Lk] buffer); see Indexer.selected_scores."""
+    num_seqs, max_extend, n_heads, _ = q.shape
+    scores = torch.bmm(q.reshape(num_seqs, max_extend * n_heads, -1), keys.transpose(1, 2))  # [B, Lq * Hi, Lk]
+    scores = scores.view(num_seqs, max_extend, n_heads, -1).mul_(scale).relu_()  # in place: one buffer
     return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
 
 

@@ -141,3 +141,17 @@ def _ties_at_the_boundary(model: Glm5ForCausalLM, seq: torch.Tensor) -> int:
         ranked = scores[t, : t + 1].sort(descending=True).values
         ties += int(ranked[k - 1] == ranked[k])
     return ties
+
+
+def test_greedy_generation_matches_transformers_generate(parity_model, load_hf, tmp_path):
+    from asyncrl.model.generate import greedy_generate
+    from asyncrl.model.io import save_pretrained
+
+    save_pretrained(parity_model, tmp_path)
+    reference = load_hf(tmp_path)
+    prompts = [s.tolist() for s in _sequences([12, 30, 7], seed=9)]
+    ours = greedy_generate(parity_model, prompts, max_new_tokens=40)  # contexts reach 70 > index_topk 16
+    for prompt, continuation in zip(prompts, ours):
+        theirs = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=40, min_new_tokens=40, do_sample=False)
+        assert continuation == theirs[0, len(prompt) :].tolist()

@@ -1,0 +1,240 @@
+"""asyncrl's GLM-5 model against transformers 5.24.0 on the same weights (configs/model/tiny.yaml), in one run.
+
+    python bench/model_bench.py                    # writes bench/results/model_bench.{json,md}
+    python bench/model_bench.py --quick            # smaller sizes, prints only (smoke test)
+    python bench/model_bench.py --memory-probe sparse 4096   # internal: peak bytes of one attention layer
+
+Measures (ours and transformers alternate, ratios = ours / transformers; the machine is shared and noisy):
+  train   forward+backward tokens/s of teacher-forced log-probs + entropy over a packed batch
+  decode  greedy generation tokens/s (prefill included) at several batch sizes: asyncrl.model.generate
+          (latent slot-pool cache) vs transformers' generate (its DynamicCache)
+  memory  peak RSS of one MLA + indexer layer forward at T = 1k..4k, k = 64: sparse gather vs dense mask,
+          each in a fresh process (VmHWM reset through /proc/self/clear_refs)
+  parity  max |logit difference| vs transformers, cached decode vs full forward, batch invariance
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from asyncrl.config import ModelSection  # noqa: E402
+from asyncrl.model.batch import ForwardBatch  # noqa: E402
+from asyncrl.model.config import ModelConfig  # noqa: E402
+from asyncrl.model.generate import greedy_generate  # noqa: E402
+from asyncrl.model.io import save_pretrained  # noqa: E402
+from asyncrl.model.kv_cache import KVCache  # noqa: E402
+from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
+
+
+def tiny_config() -> ModelConfig:
+    merged = OmegaConf.merge(OmegaConf.structured(ModelSection), OmegaConf.load(ROOT / "configs/model/tiny.yaml"))
+    return OmegaConf.to_object(merged).arch
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def alternate(ours, theirs, reps: int) -> tuple[float, float]:
+    """Median seconds of each, run interleaved so both see the same machine load."""
+    ours(), theirs()  # warm-up
+    times = [(timed(ours), timed(theirs)) for _ in range(reps)]
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+
+# Train ------------------------------------------------------------------------------------------
+def bench_train(model, reference, num_seqs: int, length: int, reps: int) -> dict:
+    ids = torch.randint(3, model.config.vocab_size, (num_seqs, length), generator=torch.Generator().manual_seed(0))
+    targets = ids.roll(-1, dims=1)
+    cu = torch.arange(num_seqs + 1) * length
+
+    def ours():
+        out = model.token_logprobs(ids.flatten(), cu, targets.flatten())
+        (-out.logprobs.mean() - 0.01 * out.entropy.mean()).backward()
+
+    def theirs():
+        logp_all = reference(ids).logits.float().log_softmax(-1)
+        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        (-logp.mean() - 0.01 * entropy.mean()).backward()
+
+    t_ours, t_theirs = alternate(ours, theirs, reps)
+    tokens = num_seqs * length
+    return {"tokens": tokens, "ours_tok_s": tokens / t_ours, "transformers_tok_s": tokens / t_theirs,
+            "ratio": t_theirs / t_ours}
+
+
+# Decode -----------------------------------------------------------------------------------------
+def bench_decode(model, reference, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    prompts = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+
+    def ours():
+        return greedy_generate(model, prompts.tolist(), new_tokens)
+
+    def theirs():
+        return reference.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False)
+
+    with torch.no_grad():
+        ours_tokens = ours()  # warm-up, and the outputs to compare
+        theirs_tokens = theirs()[:, prompt_len:].tolist()
+        t_ours, t_theirs = timed(ours), timed(theirs)
+    same = sum(a == b for x, y in zip(ours_tokens, theirs_tokens) for a, b in zip(x, y)) / (batch * new_tokens)
+    return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            "ours_tok_s": batch * new_tokens / t_ours, "transformers_tok_s": batch * new_tokens / t_theirs,
+            "ratio": t_theirs / t_ours, "same_greedy_tokens": same}
+
+
+# Memory -----------------------------------------------------------------------------------------
+def memory_probe(impl: str, length: int) -> int:
+    """Peak resident bytes added by one layer-0 attention (MLA + indexer) forward over `length` tokens."""
+    torch.set_num_threads(1)
+    config = tiny_config()
+    layer = Glm5ForCausalLM.from_config(config).model.layers[0].self_attn.eval()
+    from asyncrl.model.attention import AttentionContext
+    from asyncrl.model.rope import RotaryEmbedding
+
+    x = torch.randn(length, config.hidden_size)
+    batch = ForwardBatch.packed(torch.zeros(length, dtype=torch.long), torch.tensor([0, length]), attention_impl=impl)
+    ctx = AttentionContext(batch, RotaryEmbedding(config)(batch.positions))
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kb("VmRSS")
+    with torch.no_grad():
+        layer(x, ctx, None)
+    return (_status_kb("VmHWM") - before) * 1024
+
+
+def _status_kb(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def bench_memory(lengths: list[int]) -> list[dict]:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # big buffers via mmap: RSS follows live memory
+    rows = []
+    for length in lengths:
+        row = {"T": length, "k": tiny_config().index_topk}
+        for impl in ("sparse", "dense"):
+            out = subprocess.run([sys.executable, __file__, "--memory-probe", impl, str(length)], env=env,
+                                 capture_output=True, text=True, check=True)
+            row[f"{impl}_peak_mb"] = int(out.stdout.strip().splitlines()[-1]) / 2**20
+        rows.append(row)
+    return rows
+
+
+# Parity -----------------------------------------------------------------------------------------
+def measure_parity(model, reference) -> dict:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, model.config.vocab_size, (2, 200), generator=generator)
+    with torch.no_grad():
+        logit_diff = (model(ids) - reference(ids).logits).abs().max().item()
+        lens = [70, 130, 9, 200]
+        seqs = [torch.randint(3, model.config.vocab_size, (n,), generator=generator) for n in lens]
+        full = [model(s[None])[0] for s in seqs]
+        decode_diff = _cached_decode_diff(model, seqs, full, prompt_len=5)
+        batched = model.token_logprobs(torch.cat(seqs), torch.tensor([0, *lens]).cumsum(0), torch.cat(seqs)).logprobs
+        alone = model.token_logprobs(seqs[1], torch.tensor([0, 130]), seqs[1]).logprobs
+    return {"max_abs_logit_diff_vs_transformers": logit_diff, "max_abs_logit_diff_cached_decode_vs_full": decode_diff,
+            "max_abs_logprob_diff_batched_vs_alone": (batched[70:200] - alone).abs().max().item()}
+
+
+def _cached_decode_diff(model, seqs, full, prompt_len: int) -> float:
+    """Prefill prompt_len tokens of each sequence, then decode the rest one step at a time (ragged)."""
+    cache = KVCache(model.config, sum(len(s) for s in seqs))
+    starts = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+    slots = [list(range(int(a), int(b))) for a, b in zip(starts[:-1], starts[1:])]
+    diff, done = 0.0, [prompt_len] * len(seqs)
+    batch = ForwardBatch.from_lists([s[:prompt_len].tolist() for s in seqs], [sl[:prompt_len] for sl in slots])
+    model.forward_batch(batch, cache)
+    while any(d < len(s) for d, s in zip(done, seqs)):
+        live = [i for i, s in enumerate(seqs) if done[i] < len(s)]
+        batch = ForwardBatch.from_lists([[int(seqs[i][done[i]])] for i in live], [slots[i][: done[i] + 1] for i in live])
+        logits = model.forward_batch(batch, cache)
+        for row, i in enumerate(live):
+            diff = max(diff, (logits[row] - full[i][done[i]]).abs().max().item())
+            done[i] += 1
+    return diff
+
+
+# Report -----------------------------------------------------------------------------------------
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    from transformers import GlmMoeDsaForCausalLM
+
+    model = Glm5ForCausalLM.from_config(tiny_config(), seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(model, tmp)
+        reference = GlmMoeDsaForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    quick = args.quick
+    result = {
+        "command": "python bench/model_bench.py" + (" --quick" if quick else "") + f" --threads {args.threads}",
+        "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads, "torch": torch.__version__,
+                    "python": platform.python_version()},
+        "model": {"config": "configs/model/tiny.yaml", "parameters": sum(p.numel() for p in model.parameters()),
+                  "transformers_attn_implementation": reference.config._attn_implementation},
+        "train": [bench_train(model, reference, n, length, reps=2 if quick else 5)
+                  for n, length in ([(2, 128)] if quick else [(8, 256), (4, 1024)])],
+        "decode": [bench_decode(model.eval(), reference.eval(), b, 64 if quick else 128, 16 if quick else 64)
+                   for b in ([1, 8] if quick else [1, 8, 32, 64])],
+        "memory": bench_memory([256, 512] if quick else [1024, 2048, 4096]),
+        "parity": measure_parity(model, reference),
+    }
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Model benchmark: asyncrl GLM-5 vs transformers 5.24.0 (same safetensors)", "",
+             f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
+             f"Model: {result['model']}", "", "## Train (forward + backward, log-probs + entropy)", "",
+             "| tokens | asyncrl tok/s | transformers tok/s | ratio |", "|---|---|---|---|"]
+    lines += [f"| {r['tokens']} | {r['ours_tok_s']:.0f} | {r['transformers_tok_s']:.0f} | {r['ratio']:.2f}x |"
+              for r in result["train"]]
+    lines += ["", "## Greedy decode (prefill included)", "",
+              "| batch | prompt | new | asyncrl tok/s | transformers tok/s | ratio | same tokens |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | {r['ours_tok_s']:.0f} | "
+              f"{r['transformers_tok_s']:.0f} | {r['ratio']:.2f}x | {r['same_greedy_tokens']:.1%} |" for r in result["decode"]]
+    lines += ["", "## Peak memory of one attention + indexer layer forward (fresh process each)", "",
+              "| T | k | sparse gather MB | dense mask MB |", "|---|---|---|---|"]
+    lines += [f"| {r['T']} | {r['k']} | {r['sparse_peak_mb']:.1f} | {r['dense_peak_mb']:.1f} |" for r in result["memory"]]
+    lines += ["", "## Parity", ""] + [f"- {k}: {v:.3g}" for k, v in result["parity"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes; print, do not write results")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 on a shared 2-core box)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--memory-probe", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_probe:
+        print(memory_probe(args.memory_probe[0], int(args.memory_probe[1])))
+        return
+    result = run(args)
+    print(markdown(result))
+    if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "model_bench.json").write_text(json.dumps(result, indent=2))
+        (args.out / "model_bench.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
