@@ -60,6 +60,7 @@ class ForwardBatch:
     """[B, Lq]: position of each padded query (0 for pads)."""
     padded_rows: torch.Tensor = field(init=False)
     """[N]: index of each flat row in the padded [B * Lq] layout."""
+    _rectangular: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         device = self.input_ids.device
@@ -83,6 +84,7 @@ class ForwardBatch:
         self.query_positions = torch.zeros(num_seqs * max_extend, dtype=torch.long, device=device)
         self.query_positions[self.padded_rows] = self.positions
         self.query_positions = self.query_positions.view(num_seqs, max_extend)
+        self._rectangular = num_tokens == num_seqs * max_extend  # no padding: padded <-> flat are views
 
     def uses_sparse_kernel(self, index_topk: int) -> bool:
         if self.attention_impl == "auto":
@@ -99,11 +101,15 @@ class ForwardBatch:
 
     def to_padded(self, flat: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [B, Lq, ...] (pad rows repeat row 0; their outputs are never read)."""
-        return flat[self.query_rows]
+        if self._rectangular:
+            return flat.view(*self.query_rows.shape, *flat.shape[1:])
+        return flat.index_select(0, self.query_rows.flatten()).view(*self.query_rows.shape, *flat.shape[1:])
 
     def to_flat(self, padded: torch.Tensor) -> torch.Tensor:
         """[B, Lq, ...] -> [N, ...]."""
-        return padded.flatten(0, 1)[self.padded_rows]
+        if self._rectangular:
+            return padded.reshape(-1, *padded.shape[2:])
+        return padded.flatten(0, 1).index_select(0, self.padded_rows)
 
     # Constructors ---------------------------------------------------------------------------------
     @classmethod

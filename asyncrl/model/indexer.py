@@ -82,10 +82,14 @@ class Indexer(nn.Module):
         num_seqs, max_extend = batch.query_positions.shape
         k = min(self.index_topk, batch.max_context)
         rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
-        picked = []
-        for start in range(0, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
-            scores = index_scores(q_pad[:, start : start + rows], w_pad[:, start : start + rows], keys, self.softmax_scale)
-            picked.append(topk_lower_position_wins(scores, batch.query_positions[:, start : start + rows], k))
+        # Rows before `first` have every query at position < k: they select all their causal keys.
+        ranked = (batch.query_positions >= k).any(0)  # [Lq]; positions grow along a row
+        first = int(ranked.int().argmax()) if bool(ranked.any()) else max_extend
+        picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)]
+        for start in range(first, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
+            end = start + rows
+            scores = index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
+            picked.append(topk_lower_position_wins(scores, batch.query_positions[:, start:end], k))
         return Selection.of(torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
