@@ -19,6 +19,7 @@ and decode in separate calls (as SGLang does by default) when that matters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal, Optional, Sequence
 
 import torch
@@ -90,6 +91,23 @@ class ForwardBatch:
         if self.attention_impl == "auto":
             return self.query_rows.shape[1] == 1 or self.max_context > self.dense_context_ratio * index_topk
         return self.attention_impl == "sparse"
+
+    # Indexer constants, computed once per forward and shared by every full-indexer layer -----------
+    @cached_property
+    def noncausal(self) -> torch.Tensor:
+        """[B, Lq, Lk] bool: key position > query position (padding keys included)."""
+        key_pos = torch.arange(self.max_context, device=self.input_ids.device)
+        return key_pos > self.query_positions[..., None]
+
+    @cached_property
+    def position_tiebreak(self) -> torch.Tensor:
+        """[Lk] int64: the low 32 bits of the indexer's rank key, larger for lower positions (ties go to them)."""
+        return 0x7FFFFFFF - torch.arange(self.max_context, device=self.input_ids.device)
+
+    def first_ranked_row(self, k: int) -> int:
+        """First padded query row where some query sits at position >= k (earlier rows take every causal key)."""
+        ranked = (self.query_positions >= k).any(0)  # [Lq]; positions grow along a row
+        return int(ranked.int().argmax()) if bool(ranked.any()) else ranked.numel()
 
     @property
     def num_seqs(self) -> int:

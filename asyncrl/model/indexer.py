@@ -82,14 +82,12 @@ class Indexer(nn.Module):
         num_seqs, max_extend = batch.query_positions.shape
         k = min(self.index_topk, batch.max_context)
         rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
-        # Rows before `first` have every query at position < k: they select all their causal keys.
-        ranked = (batch.query_positions >= k).any(0)  # [Lq]; positions grow along a row
-        first = int(ranked.int().argmax()) if bool(ranked.any()) else max_extend
+        first = batch.first_ranked_row(k)  # rows before it select all their causal keys: nothing to rank
         picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)]
         for start in range(first, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
             end = start + rows
             scores = index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
-            picked.append(topk_lower_position_wins(scores, batch.query_positions[:, start:end], k))
+            picked.append(rank_topk(scores, batch.noncausal[:, start:end], batch.position_tiebreak, k))
         return Selection.of(torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -114,15 +112,15 @@ def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, sca
 
 
 def topk_lower_position_wins(scores: torch.Tensor, query_positions: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k key positions of scores [..., Lk] among causal keys (position <= query position) -> [..., k].
+    """Top-k key positions of scores [..., Lk] among causal keys (position <= query position) -> [..., k]."""
+    key_pos = torch.arange(scores.shape[-1], device=scores.device)
+    return rank_topk(scores.clone(), key_pos > query_positions[..., None], 0x7FFFFFFF - key_pos, k)
 
-    Keys are ranked by (score, -position) packed into one int64, so no two keys tie.
-    """
-    width = scores.shape[-1]
-    key_pos = torch.arange(width, device=scores.device)
-    causal = key_pos <= query_positions[..., None]
-    scores = torch.where(causal, scores + 0.0, float("-inf"))  # + 0.0 turns -0.0 into +0.0
-    bits = scores.contiguous().view(torch.int32)
+
+def rank_topk(scores: torch.Tensor, noncausal: torch.Tensor, tiebreak: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k of scores [..., Lk] (overwritten) outside `noncausal`, ranked by (score, tiebreak) packed
+    into one int64: no two keys tie, so the selected set is unique. -> positions [..., k] (unordered)."""
+    scores = scores.add_(0.0).masked_fill_(noncausal, float("-inf"))  # + 0.0 turns -0.0 into +0.0
+    bits = scores.view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
-    rank_key = (ordered.to(torch.int64) << 32) | (0x7FFFFFFF - key_pos)  # ties: lower position is larger
-    return rank_key.topk(k, dim=-1, sorted=False).indices  # keys are unique: the set is well defined
+    return ((ordered.to(torch.int64) << 32) | tiebreak).topk(k, dim=-1, sorted=False).indices
