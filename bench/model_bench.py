@@ -2,14 +2,14 @@
 
     python bench/model_bench.py                    # writes bench/results/model_bench.{json,md}
     python bench/model_bench.py --quick            # smaller sizes, prints only (smoke test)
-    python bench/model_bench.py --memory-probe sparse 4096   # internal: peak bytes of one attention layer
+    python bench/model_bench.py --memory-probe sparse:4096 dense:4096   # peak bytes of one attention layer
 
 Measures (ours and transformers alternate, ratios = ours / transformers; the machine is shared and noisy):
   train   forward+backward tokens/s of teacher-forced log-probs + entropy over a packed batch
   decode  greedy generation tokens/s (prefill included) at several batch sizes: asyncrl.model.generate
           (latent slot-pool cache) vs transformers' generate (its DynamicCache)
-  memory  peak RSS of one MLA + indexer layer forward at T = 1k..4k, k = 64: sparse gather vs dense mask,
-          each in a fresh process (VmHWM reset through /proc/self/clear_refs)
+  memory  peak RSS added by one MLA + indexer layer forward at T = 1k..4k, k = 64: sparse gather vs dense
+          mask (a child process with big buffers mmapped, VmHWM reset through /proc/self/clear_refs per probe)
   parity  max |logit difference| vs transformers, cached decode vs full forward, batch invariance
 """
 
@@ -107,12 +107,11 @@ def bench_decode(model, reference, batch: int, prompt_len: int, new_tokens: int)
 # Memory -----------------------------------------------------------------------------------------
 def memory_probe(impl: str, length: int) -> int:
     """Peak resident bytes added by one layer-0 attention (MLA + indexer) forward over `length` tokens."""
-    torch.set_num_threads(1)
-    config = tiny_config()
-    layer = Glm5ForCausalLM.from_config(config).model.layers[0].self_attn.eval()
     from asyncrl.model.attention import AttentionContext
     from asyncrl.model.rope import RotaryEmbedding
 
+    config = tiny_config()
+    layer = Glm5ForCausalLM.from_config(config).model.layers[0].self_attn.eval()
     x = torch.randn(length, config.hidden_size)
     batch = ForwardBatch.packed(torch.zeros(length, dtype=torch.long), torch.tensor([0, length]), attention_impl=impl)
     ctx = AttentionContext(batch, RotaryEmbedding(config)(batch.positions))
@@ -127,17 +126,20 @@ def _status_kb(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
 
 
+def peak_bytes(probes: list[tuple[str, int]]) -> list[int]:
+    """Run memory probes in a child process whose large buffers are mmapped (RSS follows live memory)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    specs = [f"{impl}:{length}" for impl, length in probes]
+    out = subprocess.run([sys.executable, __file__, "--memory-probe", *specs], env=env, capture_output=True,
+                         text=True, check=True, timeout=600)
+    return [int(line) for line in out.stdout.split()]
+
+
 def bench_memory(lengths: list[int]) -> list[dict]:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # big buffers via mmap: RSS follows live memory
-    rows = []
-    for length in lengths:
-        row = {"T": length, "k": tiny_config().index_topk}
-        for impl in ("sparse", "dense"):
-            out = subprocess.run([sys.executable, __file__, "--memory-probe", impl, str(length)], env=env,
-                                 capture_output=True, text=True, check=True)
-            row[f"{impl}_peak_mb"] = int(out.stdout.strip().splitlines()[-1]) / 2**20
-        rows.append(row)
-    return rows
+    probes = [(impl, length) for length in lengths for impl in ("sparse", "dense")]
+    peaks = iter(peak_bytes(probes))
+    return [{"T": length, "k": tiny_config().index_topk, "sparse_peak_mb": next(peaks) / 2**20,
+             "dense_peak_mb": next(peaks) / 2**20} for length in lengths]
 
 
 # Parity -----------------------------------------------------------------------------------------
@@ -223,10 +225,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes; print, do not write results")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 on a shared 2-core box)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--memory-probe", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-probe", nargs="+", metavar="IMPL:T", help="print peak bytes per probe, one a line")
     args = parser.parse_args()
     if args.memory_probe:
-        print(memory_probe(args.memory_probe[0], int(args.memory_probe[1])))
+        torch.set_num_threads(1)
+        for spec in args.memory_probe:
+            impl, length = spec.split(":")
+            print(memory_probe(impl, int(length)), flush=True)
         return
     result = run(args)
     print(markdown(result))
