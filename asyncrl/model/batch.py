@@ -141,14 +141,19 @@ class ForwardBatch:
 
     @classmethod
     def from_lists(cls, new_tokens: Sequence[Sequence[int]], context_slots: Sequence[Sequence[int]],
-                   logits: Literal["last", "all"] = "last", **kwargs) -> "ForwardBatch":
-        """Engine-side convenience: per sequence its new token ids and the slot ids of its whole context."""
+                   logits: Literal["last", "all"] = "last", device: torch.device | str = "cpu", **kwargs
+                   ) -> "ForwardBatch":
+        """Convenience: per sequence its new token ids and the slot ids of its whole context. (An engine
+        keeps a req_to_token tensor instead and slices context_slots out of it: no Python lists per step.)"""
         if len(new_tokens) != len(context_slots):
             raise ValueError("ForwardBatch.from_lists: one context_slots list per sequence")
         width = max(len(s) for s in context_slots)
-        slots = torch.tensor([list(s) + [s[0]] * (width - len(s)) for s in context_slots], dtype=torch.long)
-        ext = torch.tensor([len(t) for t in new_tokens], dtype=torch.long)
-        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        slots = tensor([list(s) + [s[0]] * (width - len(s)) for s in context_slots])
+        ext = tensor([len(t) for t in new_tokens])
         last = torch.cumsum(ext, 0) - 1
-        return cls(ids, ext, slots, torch.tensor([len(s) for s in context_slots], dtype=torch.long),
+        return cls(tensor([t for seq in new_tokens for t in seq]), ext, slots, tensor([len(s) for s in context_slots]),
                    logits_indices=last if logits == "last" else None, **kwargs)

@@ -16,12 +16,13 @@ from asyncrl.model.model import Glm5ForCausalLM
 @torch.no_grad()
 def greedy_generate(model: Glm5ForCausalLM, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """-> the max_new_tokens greedy continuations (no stop tokens: a fixed-length benchmark loop)."""
-    width = max(len(p) for p in prompts) + max_new_tokens
-    cache = KVCache(model.config, len(prompts) * width, dtype=model.dtype)
-    req_to_token = torch.arange(len(prompts) * width).view(len(prompts), width)  # [B, width] slot table
-    lens = torch.tensor([len(p) for p in prompts])
-    batch = ForwardBatch(torch.tensor([t for p in prompts for t in p]), lens.clone(), req_to_token[:, : int(lens.max())],
-                         lens.clone(), logits_indices=lens.cumsum(0) - 1)
+    width, device = max(len(p) for p in prompts) + max_new_tokens, model.device
+    cache = KVCache(model.config, len(prompts) * width, dtype=model.dtype, device=device)
+    req_to_token = torch.arange(len(prompts) * width, device=device).view(len(prompts), width)  # [B, width] slots
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    ids = torch.tensor([t for p in prompts for t in p], device=device)
+    batch = ForwardBatch(ids, lens.clone(), req_to_token[:, : int(lens.max())], lens.clone(),
+                         logits_indices=lens.cumsum(0) - 1)
     tokens = model.forward_batch(batch, cache).argmax(-1)  # [B]
     out = [tokens]
     ones = torch.ones_like(lens)
