@@ -195,7 +195,7 @@ def run(args) -> dict:
         "train": [bench_train(model, reference, n, length, reps=2 if quick else 5)
                   for n, length in ([(2, 128)] if quick else [(8, 256), (4, 1024)])],
         "decode": [bench_decode(model.eval(), reference.eval(), b, 64 if quick else 128, 16 if quick else 64)
-                   for b in ([1, 8] if quick else [1, 8, 32, 64])],
+                   for b in ([1, 8] if quick else [1, 8, 32, 64, 128])],
         "memory": bench_memory([256, 512] if quick else [1024, 2048, 4096]),
         "parity": measure_parity(model, reference),
     }

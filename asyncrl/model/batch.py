@@ -62,6 +62,7 @@ class ForwardBatch:
     padded_rows: torch.Tensor = field(init=False)
     """[N]: index of each flat row in the padded [B * Lq] layout."""
     _rectangular: bool = field(init=False, repr=False)
+    _first_ranked_row: dict[int, int] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         device = self.input_ids.device
@@ -106,8 +107,10 @@ class ForwardBatch:
 
     def first_ranked_row(self, k: int) -> int:
         """First padded query row where some query sits at position >= k (earlier rows take every causal key)."""
-        ranked = (self.query_positions >= k).any(0)  # [Lq]; positions grow along a row
-        return int(ranked.int().argmax()) if bool(ranked.any()) else ranked.numel()
+        if k not in self._first_ranked_row:
+            ranked = (self.query_positions >= k).any(0)  # [Lq]; positions grow along a row
+            self._first_ranked_row[k] = int(ranked.int().argmax()) if bool(ranked.any()) else ranked.numel()
+        return self._first_ranked_row[k]
 
     @property
     def num_seqs(self) -> int:

@@ -41,7 +41,7 @@ class Selection:
     def of(cls, index: torch.Tensor, batch: ForwardBatch) -> "Selection":
         num_seqs, max_extend, k = index.shape
         valid = index <= batch.query_positions[..., None]
-        slots = batch.context_slots.gather(1, index.view(num_seqs, -1)).view(num_seqs, max_extend, k)
+        slots = batch.context_slots.gather(1, index.reshape(num_seqs, -1)).view(num_seqs, max_extend, k)
         return cls(index, valid, batch.to_flat(slots), ~batch.to_flat(valid))
 
     def dense_mask(self, context_width: int) -> torch.Tensor:
@@ -83,12 +83,12 @@ class Indexer(nn.Module):
         k = min(self.index_topk, batch.max_context)
         rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
         first = batch.first_ranked_row(k)  # rows before it select all their causal keys: nothing to rank
-        picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)]
+        picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)] if first else []
         for start in range(first, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
             end = start + rows
             scores = index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
             picked.append(rank_topk(scores, batch.noncausal[:, start:end], batch.position_tiebreak, k))
-        return Selection.of(torch.cat(picked, dim=1), batch)  # [B, Lq, k]
+        return Selection.of(picked[0] if len(picked) == 1 else torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Differentiable index scores of gathered keys: q [N, Hi, D], weights [N, Hi], keys [N, k, D] -> [N, k]."""
