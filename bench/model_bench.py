@@ -85,7 +85,8 @@ def bench_train(model, reference, num_seqs: int, length: int, reps: int) -> dict
 
 # Decode -----------------------------------------------------------------------------------------
 def bench_decode(model, reference, batch: int, prompt_len: int, new_tokens: int) -> dict:
-    prompts = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+    generator = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=generator)
 
     def ours():
         return greedy_generate(model, prompts.tolist(), new_tokens)
@@ -168,7 +169,8 @@ def _cached_decode_diff(model, seqs, full, prompt_len: int) -> float:
     model.forward_batch(batch, cache)
     while any(d < len(s) for d, s in zip(done, seqs)):
         live = [i for i, s in enumerate(seqs) if done[i] < len(s)]
-        batch = ForwardBatch.from_lists([[int(seqs[i][done[i]])] for i in live], [slots[i][: done[i] + 1] for i in live])
+        batch = ForwardBatch.from_lists([[int(seqs[i][done[i]])] for i in live],
+                                        [slots[i][: done[i] + 1] for i in live])
         logits = model.forward_batch(batch, cache)
         for row, i in enumerate(live):
             diff = max(diff, (logits[row] - full[i][done[i]]).abs().max().item())
@@ -210,12 +212,15 @@ def markdown(result: dict) -> str:
     lines += [f"| {r['tokens']} | {r['ours_tok_s']:.0f} | {r['transformers_tok_s']:.0f} | {r['ratio']:.2f}x |"
               for r in result["train"]]
     lines += ["", "## Greedy decode (prefill included)", "",
-              "| batch | prompt | new | asyncrl tok/s | transformers tok/s | ratio | same tokens |", "|---|---|---|---|---|---|---|"]
+              "| batch | prompt | new | asyncrl tok/s | transformers tok/s | ratio | same tokens |",
+              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | {r['ours_tok_s']:.0f} | "
-              f"{r['transformers_tok_s']:.0f} | {r['ratio']:.2f}x | {r['same_greedy_tokens']:.1%} |" for r in result["decode"]]
+              f"{r['transformers_tok_s']:.0f} | {r['ratio']:.2f}x | {r['same_greedy_tokens']:.1%} |"
+              for r in result["decode"]]
     lines += ["", "## Peak memory of one attention + indexer layer forward (fresh process each)", "",
               "| T | k | sparse gather MB | dense mask MB |", "|---|---|---|---|"]
-    lines += [f"| {r['T']} | {r['k']} | {r['sparse_peak_mb']:.1f} | {r['dense_peak_mb']:.1f} |" for r in result["memory"]]
+    lines += [f"| {r['T']} | {r['k']} | {r['sparse_peak_mb']:.1f} | {r['dense_peak_mb']:.1f} |"
+              for r in result["memory"]]
     lines += ["", "## Parity", ""] + [f"- {k}: {v:.3g}" for k, v in result["parity"].items()]
     return "\n".join(lines) + "\n"
 

@@ -68,7 +68,8 @@ class ForwardBatch:
         device = self.input_ids.device
         num_seqs, num_tokens = self.extend_lens.numel(), self.input_ids.numel()
         if int(self.extend_lens.sum()) != num_tokens:
-            raise ValueError(f"ForwardBatch: extend_lens sum to {int(self.extend_lens.sum())}, input_ids has {num_tokens}")
+            raise ValueError(f"ForwardBatch: extend_lens sum to {int(self.extend_lens.sum())}, "
+                             f"input_ids has {num_tokens}")
         if bool((self.extend_lens > self.context_lens).any()) or bool((self.extend_lens < 1).any()):
             raise ValueError("ForwardBatch: each sequence needs 1 <= extend_len <= context_len")
         if int(self.context_lens.max()) > self.context_slots.shape[1]:

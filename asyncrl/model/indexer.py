@@ -53,7 +53,8 @@ class Selection:
 class Indexer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.n_heads, self.head_dim, self.rope_dim = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+        self.n_heads, self.head_dim = config.index_n_heads, config.index_head_dim
+        self.rope_dim = config.qk_rope_head_dim
         self.index_topk = config.index_topk
         self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(config.hidden_size, self.head_dim, bias=False)

@@ -58,7 +58,8 @@ def test_cuda_cached_ragged_decode_equals_full_forward_and_is_batch_invariant(pa
         while any(d < len(s) for d, s in zip(done, seqs)):
             live = [i for i, s in enumerate(seqs) if done[i] < len(s)]
             width = max(done[i] + 1 for i in live)
-            context = torch.stack([torch.nn.functional.pad(rows[i][: done[i] + 1], (0, width - done[i] - 1)) for i in live])
+            context = torch.stack([torch.nn.functional.pad(rows[i][: done[i] + 1], (0, width - done[i] - 1))
+                                   for i in live])
             lens = torch.tensor([done[i] + 1 for i in live], device=CUDA)
             logits = model.forward_batch(ForwardBatch(torch.stack([seqs[i][done[i]] for i in live]),
                                                       torch.ones_like(lens), context, lens), cache)
@@ -66,7 +67,8 @@ def test_cuda_cached_ragged_decode_equals_full_forward_and_is_batch_invariant(pa
                 diff = max(diff, (logits[row] - full[i][done[i]]).abs().max().item())
                 done[i] += 1
         assert diff <= 1e-5
-        packed = model.token_logprobs(torch.cat(seqs), torch.tensor([0, 90, 131, 138, 268], device=CUDA), torch.cat(seqs))
+        cu = torch.tensor([0, 90, 131, 138, 268], device=CUDA)
+        packed = model.token_logprobs(torch.cat(seqs), cu, torch.cat(seqs))
         alone = model.token_logprobs(seqs[1], torch.tensor([0, 41], device=CUDA), seqs[1])
         assert (packed.logprobs[90:131] - alone.logprobs).abs().max() <= 1e-5
 
