@@ -34,7 +34,8 @@ class ForwardBatch:
     extend_lens: torch.Tensor
     """[B] int64: new tokens per sequence (>= 1)."""
     context_slots: torch.Tensor
-    """[B, Lk] int64: slot ids of each sequence's context, position order, right-padded (any valid slot)."""
+    """[B, Lk] int64: slot ids of each sequence's context, position order, right-padded (any valid slot).
+    Lk should be the longest context: a wider table is correct but every layer pays for the extra width."""
     context_lens: torch.Tensor
     """[B] int64: context length (cached prefix + new tokens) of each sequence."""
     logits_indices: Optional[torch.Tensor] = None
@@ -46,6 +47,7 @@ class ForwardBatch:
     on CPU there). Within index_topk no selection is needed and the indexer is skipped. Both kernels
     compute the same function (measured: equal within 1e-6)."""
     dense_context_ratio: float = 4.0
+    """`auto` keeps the dense kernel for multi-query batches while max_context <= this x index_topk."""
     max_score_elements: int = 1 << 22
     """Indexer scores are computed in query chunks of at most this many fp32 values (16 MiB): the
     indexer's memory stays O(T) instead of O(T^2) for long prefills."""
