@@ -9,11 +9,14 @@ CUDA RNG trackers, moves tensors with `.cuda()`, and imports a triton kernel mod
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
+from typing import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _PAGED_STASH = "megatron.core.transformer.moe.ops.paged_stash"
 _installed = False
@@ -48,7 +51,62 @@ def _stub_paged_stash_kernels() -> None:
 
 def _patch_cuda_calls() -> None:
     torch.cuda.current_device = _cpu_device  # buffers, rotary inv_freq, router weights (".to(current_device())")
+    # DDP's param_and_grad_buffer.start_grad_sync orders its collectives on CUDA streams/events
+    torch.cuda.current_stream = torch.cuda.default_stream = lambda device=None: _NO_STREAM
+    torch.cuda.Stream = torch.cuda.Event = _NoStream
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
 
 
 def _cpu_device() -> torch.device:
     return torch.device("cpu")
+
+
+class _NoStream:
+    """A CUDA stream / event on a host without CUDA: CPU work is already ordered, so every wait,
+    record and synchronize is a no-op."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
+_NO_STREAM = _NoStream()
+
+
+@contextlib.contextmanager
+def cuda_on_cpu() -> Iterator[None]:
+    """Within: tensors megatron asks for on 'cuda' (`device='cuda'` literals, `.cuda()`) land on the CPU.
+
+    Scoped, not global, because a TorchFunctionMode sees every torch call: it wraps only megatron's
+    setup and optimizer code (DDP buffers, optimizer scale tensors, clip_grads), never the model's
+    forward. Does nothing where CUDA is available.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    with _CudaToCpu():
+        yield
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.cuda, torch.Tensor.pin_memory):
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # clip_grads asserts 'torch.cuda.FloatTensor'
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False

@@ -100,6 +100,7 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         use_cpu_initialization=True,
         perform_initialization=False,  # weights always come from an HF state dict (megatron_convert)
         transformer_impl="local",
+        calculate_per_token_loss=True,  # DDP sums gradients; the loss already carries the step normalizer
     )
 
 
