@@ -16,6 +16,7 @@ megatron makes are redirected by megatron_cpu_shims.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -49,7 +50,7 @@ class MegatronBackend(TrainerBackend):
 
         self.device = _device()
         self.parallel = ParallelSizes(cfg.megatron.tensor_parallel, cfg.megatron.expert_parallel)
-        _init_parallel(self.parallel, self.device)
+        _init_parallel(self.parallel, self.device, seed)
         self.ranks = Ranks.from_megatron()
         self.arch, hf = initial_weights(model, seed)
         self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
@@ -120,10 +121,10 @@ class MegatronBackend(TrainerBackend):
             dist.all_reduce(totals, group=ps.get_data_parallel_group())
         with megatron_cpu_shims.cuda_on_cpu():
             self.optimizer.prepare_grads()
-            grad_norm = float(self.optimizer.clip_grad_norm(self.optimizer.config.clip_grad))
-            finite = bool(torch.isfinite(torch.tensor(grad_norm)))
+            grad_norm = float(self.optimizer.get_grad_norm())
+            finite = math.isfinite(grad_norm)
             if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip
-                self.optimizer.step_with_ready_grads()
+                self.optimizer.step()  # clips to trainer.grad_clip, then steps (dense and expert groups)
         return _result(totals, grad_norm, skipped=not finite)
 
     def _data_parallel_share(self, micro_batches: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
@@ -257,9 +258,11 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _init_parallel(parallel, device: torch.device) -> None:
-    """torch.distributed (torchrun's env://, or a private one-process group) + megatron's groups."""
+def _init_parallel(parallel, device: torch.device, seed: int) -> None:
+    """torch.distributed (torchrun's env://, or a private one-process group), megatron's groups and
+    its per-group RNG tracker."""
     from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -269,12 +272,13 @@ def _init_parallel(parallel, device: torch.device) -> None:
             store = dist.FileStore(tempfile.mktemp(prefix="asyncrl-megatron-"), 1)
             dist.init_process_group(backend, store=store, rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
-        if (ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size()) == (
-                parallel.tensor, parallel.expert):
-            return
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
-                                 expert_model_parallel_size=parallel.expert, expert_tensor_parallel_size=1)
+        sizes = (ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size())
+        if sizes != (parallel.tensor, parallel.expert):
+            ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
+                                     expert_model_parallel_size=parallel.expert, expert_tensor_parallel_size=1)
+    model_parallel_cuda_manual_seed(seed)
 
 
 def _wrap_ddp(module: torch.nn.Module):

@@ -160,9 +160,14 @@ def global_name(local_name: str, experts_per_rank: int, ranks: Ranks) -> str:
     return re.sub(r"local_experts\.(\d+)\.", renumber, local_name)
 
 
+def is_tp_sharded(name: str, param: torch.Tensor, ranks: Ranks) -> bool:
+    """Routed experts are never TP-split (megatron_model sets expert_tensor_parallel_size=1)."""
+    return getattr(param, "tensor_model_parallel", False) and ranks.tp_size > 1 and "local_experts." not in name
+
+
 def shard(full: torch.Tensor, name: str, param: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """This TP rank's slice of a full tensor (GLU fc1: gate and up halves sliced separately)."""
-    if not getattr(param, "tensor_model_parallel", False) or ranks.tp_size == 1:
+    if not is_tp_sharded(name, param, ranks):
         return full
     dim = param.partition_dim
     if name.endswith("linear_fc1.weight"):
@@ -172,7 +177,7 @@ def shard(full: torch.Tensor, name: str, param: torch.Tensor, ranks: Ranks) -> t
 
 def unshard(local: torch.Tensor, name: str, param: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """Inverse of `shard`: all-gather the TP slices (every rank gets the full tensor)."""
-    if not getattr(param, "tensor_model_parallel", False) or ranks.tp_size == 1:
+    if not is_tp_sharded(name, param, ranks):
         return local
     dim = param.partition_dim
     pieces = _all_gather(local.contiguous(), ranks.tp_group, ranks.tp_size)
@@ -204,7 +209,10 @@ def load_hf_weights(model: torch.nn.Module, hf: dict[str, torch.Tensor], ranks: 
         expected.add(key)
         if key not in full:
             raise ValueError(f"HF checkpoint lacks the weight for megatron {key!r}")
-        tensor.copy_(shard(full[key], name, tensor, ranks))
+        piece = shard(full[key], name, tensor, ranks)
+        if piece.shape != tensor.shape:
+            raise ValueError(f"{name}: shard {tuple(piece.shape)} does not fit the parameter {tuple(tensor.shape)}")
+        tensor.copy_(piece)
     unused = sorted(set(full) - expected - _other_ranks_experts(full, expected))
     if unused:
         raise ValueError(f"HF tensors without a megatron parameter: {unused[:8]}")

@@ -31,6 +31,8 @@ def install() -> None:
         _stub_paged_stash_kernels()
     if not torch.cuda.is_available():
         _patch_cuda_calls()
+        _patch_rng_tracker()
+        _patch_alltoall_split_sizes()
     _installed = True
 
 
@@ -57,19 +59,48 @@ def _patch_cuda_calls() -> None:
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
 
 
+_CUDA_RNG_STANDIN = torch.Generator()
+"""Plays the CUDA default generator for megatron's RNG tracker (model_parallel_cuda_manual_seed, the
+sequence-parallel embedding's `get_cuda_rng_tracker().fork()`), so seeding it leaves the global CPU
+RNG untouched."""
+
+
+def _patch_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    torch.cuda.manual_seed = torch.cuda.manual_seed_all = _CUDA_RNG_STANDIN.manual_seed
+    torch.cuda.get_rng_state = lambda device="cuda": _CUDA_RNG_STANDIN.get_state()
+    megatron_random._get_cuda_rng_state = lambda *args, **kwargs: _CUDA_RNG_STANDIN.get_state()
+    megatron_random._set_cuda_rng_state = lambda state, *args, **kwargs: _CUDA_RNG_STANDIN.set_state(state)
+
+
+def _patch_alltoall_split_sizes() -> None:
+    """The alltoall MoE dispatcher (expert parallelism) turns its split-size tensors into numpy via
+    moe_utils.maybe_move_tensor_to_cpu, which converts only CUDA tensors; all_to_all_single then
+    refuses the CPU tensors it gets here. Convert those too."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def move_to_cpu(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.cpu().numpy()
+        return tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = move_to_cpu
+
+
 def _cpu_device() -> torch.device:
     return torch.device("cpu")
 
 
 class _NoStream:
     """A CUDA stream / event on a host without CUDA: CPU work is already ordered, so every wait,
-    record and synchronize is a no-op."""
+    record and synchronize is a no-op (returning a stand-in, e.g. for `stream.record_event()`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         pass
 
     def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: _NO_STREAM
 
 
 _NO_STREAM = _NoStream()

@@ -152,14 +152,27 @@ def check_supported(arch: ModelConfig, parallel: ParallelSizes) -> None:
 # Layer specs ------------------------------------------------------------------------------------
 class DuplicatedLinear(nn.Linear):
     """The plain, replicated linear layer the DSA spec asks its backend for (`backend.linear()`, TE's
-    TELinear(parallel_mode="duplicated") in megatron): the indexer's wq_b, wk, weights_proj.
-    Megatron calling convention: extra constructor kwargs are accepted, forward returns (out, bias)."""
+    TELinear(parallel_mode="duplicated") in megatron): the indexer's wq_b, wk, weights_proj, which run
+    on sequence-gathered rows. Megatron calling convention: extra constructor kwargs are accepted,
+    forward returns (out, bias)."""
+
+    sees_sequence_shards = False
 
     def __init__(self, input_size: int, output_size: int, *, config, bias: bool = False, **_megatron_kwargs):
         super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+        for param in self.parameters():  # grads of sequence-sharded inputs are summed over TP ranks
+            param.sequence_parallel = config.sequence_parallel and self.sees_sequence_shards
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         return super().forward(x), None
+
+
+class LatentDownProjection(DuplicatedLinear):
+    """q_a_proj / kv_a_proj_with_mqa: replicated weights on sequence-parallel rows, AbsorbedMLA's
+    `Linear` branch. (Its ColumnParallelLinear branch loses the other TP ranks' gradient of the
+    shared rope key k_pe: measured 1e-4 gradient errors at TP=2, see docs/megatron.md.)"""
+
+    sees_sequence_shards = True
 
 
 class TorchNorm:
@@ -214,17 +227,18 @@ def decoder_block_spec(config):
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
         get_transformer_layer_with_experimental_attention_variant_spec,
     )
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
+    from megatron.core.transformer.experimental_attention_variant import absorbed_mla
+
+    # AbsorbedMLA accepts its down projections only as one of [modelopt's TE-based Linear,
+    # TEColumnParallelLinear, ColumnParallelLinear]; without TE the first is None: fill it in.
+    absorbed_mla.Linear = LatentDownProjection
     backend = _local_backend()
     layer_specs = get_transformer_layer_with_experimental_attention_variant_spec(config, backend)
     for spec in layer_specs:  # the attention spec object is shared by all layers
         attention = spec.submodules.self_attention.submodules
-        # AbsorbedMLA accepts TE's Linear or a ColumnParallelLinear for the down projections (it
-        # gathers a sharded output itself); without TE, the latter.
-        attention.linear_q_down_proj = ColumnParallelLinear
-        attention.linear_kv_down_proj = ColumnParallelLinear
+        attention.linear_q_down_proj = attention.linear_kv_down_proj = LatentDownProjection
         attention.q_layernorm = attention.kv_layernorm = LatentNorm
     return TransformerBlockSubmodules(layer_specs=layer_specs, layer_norm=backend.layer_norm(rms_norm=True))
 
