@@ -178,7 +178,8 @@ class MegatronBackend(TrainerBackend):
     # Weights and checkpoints -----------------------------------------------------------------------
     def hf_state_dict(self) -> dict[str, Tensor]:
         """HF-named weights in the compute dtype (router in fp32), MTP tensors included. Collective:
-        the leader's call makes the followers gather too."""
+        the leader's call makes the followers gather too. Unsharded fp32 tensors are views of the live
+        weights (as the torch backend's): use them before the next step."""
         self._announce("gather_hf")
         return self._gather_hf()
 
@@ -186,7 +187,8 @@ class MegatronBackend(TrainerBackend):
         from trainer.backends.megatron_convert import gather_hf_weights
 
         tensors = gather_hf_weights(self.model.module, self.ranks)
-        tensors = {name: t if name.endswith(FP32_TENSORS) else t.to(self.compute_dtype) for name, t in tensors.items()}
+        tensors = {name: t.to(torch.float32 if name.endswith(FP32_TENSORS) else self.compute_dtype)
+                   for name, t in tensors.items()}
         return {**tensors, **self.mtp_tensors}
 
     def save_checkpoint(self, path: Path) -> None:

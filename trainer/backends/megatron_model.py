@@ -259,6 +259,7 @@ def build_gpt_model(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.dty
         parallel_output=True,  # logits stay vocab-sharded: log-probs are vocab-parallel
     )
     for module in model.modules():
-        if hasattr(module, "frozen_expert_bias"):
+        if hasattr(module, "frozen_expert_bias"):  # the TopKRouters
             module.frozen_expert_bias = True  # e_score_correction_bias is a checkpoint value, not trained
+            module.weight.data = module.weight.data.float()  # HF keeps the router fp32 (megatron: params_dtype)
     return model.to(device) if device is not None else model
