@@ -113,7 +113,7 @@ def topk_lower_position_wins(scores: torch.Tensor, query_positions: torch.Tensor
     width = scores.shape[-1]
     key_pos = torch.arange(width, device=scores.device)
     causal = key_pos <= query_positions[..., None]
-    scores = torch.where(causal, scores + 0.0, float("-inf"))  # + 0.0 turns -0.0 into +0.0
+    scores = torch.where(causal, scores.float() + 0.0, float("-inf"))  # fp32 (bf16 under autocast); + 0.0: -0.0 -> +0.0
     bits = scores.contiguous().view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
     rank_key = (ordered.to(torch.int64) << 32) | (0x7FFFFFFF - key_pos)  # ties: lower position is larger
