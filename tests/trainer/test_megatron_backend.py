@@ -7,6 +7,7 @@ seeded random init both backends use) must give the same log-probs and the same 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -82,7 +83,9 @@ def test_logprobs_match_the_torch_model(backend, micro_batches, reference):
         assert (got - expected).abs().max() <= LOGPROB_ATOL
 
 
-def test_first_step_matches_the_torch_reference(backend, micro_batches, reference):
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed_activations"])
+def test_first_step_matches_the_torch_reference(section, micro_batches, reference, recompute):
+    backend = new_backend(section, replace(CFG, grad_checkpointing=recompute))
     result = backend.train_step(micro_batches, normalizer_of(micro_batches))
     assert result.metrics["skipped_step"] == 0.0 and result.metrics["masked_fraction"] < 0.5
     assert result.loss == pytest.approx(reference.loss, abs=1e-6)
@@ -130,9 +133,12 @@ def test_reset_optimizer_drops_the_moments(backend, micro_batches):
     assert not any(len(state) for _, state in backend.optimizer.state.items())
 
 
-def test_bf16_backend_keeps_the_router_fp32_and_tracks_fp32_logprobs(section, micro_batches, reference):
-    from dataclasses import replace
+def test_unfrozen_indexer_is_refused(section):
+    with pytest.raises(ValueError, match="freeze_indexer"):
+        new_backend(section, replace(CFG, freeze_indexer=False))
 
+
+def test_bf16_backend_keeps_the_router_fp32_and_tracks_fp32_logprobs(section, micro_batches, reference):
     backend = new_backend(replace(section, dtype="bfloat16"))
     pushed = backend.hf_state_dict()
     assert pushed["model.layers.0.self_attn.q_b_proj.weight"].dtype == torch.bfloat16

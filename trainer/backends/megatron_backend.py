@@ -48,6 +48,9 @@ class MegatronBackend(TrainerBackend):
         from trainer.backends.megatron_convert import Ranks, load_hf_weights
         from trainer.backends.megatron_model import ParallelSizes, build_gpt_model
 
+        if not cfg.freeze_indexer:
+            raise ValueError("megatron backend: only freeze_indexer=true is supported (RL keeps the DSA indexer "
+                             "fixed; its KL alignment loss is not wired to megatron's DSAIndexerLossAutoScaler)")
         self.device = _device()
         self.parallel = ParallelSizes(cfg.megatron.tensor_parallel, cfg.megatron.expert_parallel)
         _init_parallel(self.parallel, self.device, seed)
@@ -55,12 +58,11 @@ class MegatronBackend(TrainerBackend):
         self.arch, hf = initial_weights(model, seed)
         self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
         self.compute_dtype = dtype_from_name(model.dtype)
-        module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device)
+        module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device, cfg.grad_checkpointing)
         load_hf_weights(module, hf, self.ranks)
-        if cfg.freeze_indexer:
-            for name, param in module.named_parameters():
-                if INDEXER in name:
-                    param.requires_grad_(False)
+        for name, param in module.named_parameters():
+            if INDEXER in name:  # frozen: no gradient, so DDP and the optimizer never see it
+                param.requires_grad_(False)
         self.model = _wrap_ddp(module)
         self.optimizer = self._new_optimizer()
         self.loss_fn = build_loss(cfg.loss)

@@ -33,8 +33,9 @@ class ParallelSizes:
     expert: int = 1
 
 
-def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.dtype):
-    """The MLATransformerConfig that reproduces `arch` (HF glm_moe_dsa semantics)."""
+def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.dtype, recompute: bool = False):
+    """The MLATransformerConfig that reproduces `arch` (HF glm_moe_dsa semantics). `recompute`:
+    megatron's full activation recomputation, one layer at a time (trainer.grad_checkpointing)."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     check_supported(arch, parallel)
@@ -101,6 +102,7 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         perform_initialization=False,  # weights always come from an HF state dict (megatron_convert)
         transformer_impl="local",
         calculate_per_token_loss=True,  # DDP sums gradients; the loss already carries the step normalizer
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}),
     )
 
 
@@ -244,11 +246,11 @@ def decoder_block_spec(config):
 
 
 def build_gpt_model(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.dtype,
-                    device: Optional[torch.device] = None):
+                    device: Optional[torch.device] = None, recompute: bool = False):
     """The megatron GPTModel of `arch` (uninitialised weights: load them with megatron_convert)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = transformer_config(arch, parallel, dtype)
+    config = transformer_config(arch, parallel, dtype, recompute)
     model = GPTModel(
         config=config,
         transformer_layer_spec=decoder_block_spec(config),
