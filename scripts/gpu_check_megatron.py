@@ -91,8 +91,8 @@ def reference_step(model: Glm5ForCausalLM, cfg: TrainerConfig, mbs: list[MicroBa
 
 @torch.no_grad()
 def reference_logprobs(model: Glm5ForCausalLM, mbs: list[MicroBatch]) -> list[torch.Tensor]:
-    return [model.token_logprobs(mb.input_ids.to(DEVICE), mb.cu_seqlens.to(DEVICE), mb.targets.to(DEVICE)).logprobs.cpu()
-            for mb in mbs]
+    mbs = [mb.to(DEVICE) for mb in mbs]
+    return [model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets).logprobs.cpu() for mb in mbs]
 
 
 def max_diff(backend: MegatronBackend, mbs: list[MicroBatch], expected: list[torch.Tensor]) -> float:
@@ -168,8 +168,8 @@ def main() -> None:
     import megatron.core
     import transformers
 
-    report = {"device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu (dry run)", "torch": torch.__version__,
-              "megatron_core": megatron.core.__version__, "transformers": transformers.__version__}
+    device = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu (dry run)"
+    report = {"device": device, "torch": torch.__version__, "megatron_core": megatron.core.__version__, "transformers": transformers.__version__}
     for check in (check_tiny, check_large):
         start = time.perf_counter()
         try:

@@ -109,7 +109,8 @@ def test_frozen_indexer_gets_no_gradient_and_stays_bit_identical(backend, micro_
     indexer = [name for name in before if ".indexer." in name]
     assert len(indexer) == 15  # 3 full-indexer layers x (wq_b, wk, k_norm.weight, k_norm.bias, weights_proj)
     assert all(torch.equal(before[name], after[name]) for name in indexer)
-    assert not torch.equal(before["model.layers.0.self_attn.q_b_proj.weight"], after["model.layers.0.self_attn.q_b_proj.weight"])
+    trained = "model.layers.0.self_attn.q_b_proj.weight"
+    assert not torch.equal(before[trained], after[trained])
     assert torch.equal(before["model.layers.1.mlp.gate.e_score_correction_bias"],
                        after["model.layers.1.mlp.gate.e_score_correction_bias"])  # a checkpoint value, not trained
 
