@@ -20,10 +20,11 @@ SEED = 0
 
 
 def make_micro_batches(arch: ModelConfig, budget: int = 256) -> list[MicroBatch]:
-    """Two packed micro-batches of four samples (80-116 tokens: longer than the tiny config's
-    index_topk of 64, so DSA really selects). Rollout log-probs are the model's own plus noise, so the
-    IS ratios sit near 1 and the loss has gradient."""
-    samples = [ScoredSample(make_sample(f"s{i}", prompt_len=20 + 7 * i, gen_len=60 + 5 * i, seed=i),
+    """Two packed micro-batches of four samples (80-119 tokens: longer than the tiny config's
+    index_topk of 64, so DSA really selects; 223 and 171 positions, odd, so tensor parallelism pads).
+    Rollout log-probs are the model's own plus noise, so the IS ratios sit near 1 and the loss has
+    gradient."""
+    samples = [ScoredSample(make_sample(f"s{i}", prompt_len=20 + 7 * i, gen_len=60 + 6 * i, seed=i),
                             advantage=0.5 * (-1) ** i) for i in range(4)]
     micro_batches = pack(samples, budget)
     model = Glm5ForCausalLM.from_config(arch, seed=SEED)
