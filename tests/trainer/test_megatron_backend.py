@@ -127,6 +127,14 @@ def test_checkpoint_restores_weights_and_optimizer(backend, micro_batches, tmp_p
     assert torch.equal(backend.logprobs(micro_batches[0]), logprobs)  # same Adam moments: same update
 
 
+def test_non_finite_gradient_skips_the_update(backend, micro_batches):
+    poisoned = replace(micro_batches[0], advantages=torch.full_like(micro_batches[0].advantages, float("nan")))
+    before = backend.logprobs(micro_batches[1])
+    result = backend.train_step([poisoned, micro_batches[1]], normalizer_of(micro_batches))
+    assert result.metrics["skipped_step"] == 1.0 and result.grad_norm != result.grad_norm  # NaN
+    assert torch.equal(backend.logprobs(micro_batches[1]), before)
+
+
 def test_reset_optimizer_drops_the_moments(backend, micro_batches):
     backend.train_step(micro_batches, normalizer_of(micro_batches))
     assert any(len(state) for _, state in backend.optimizer.state.items())

@@ -45,8 +45,8 @@ class MegatronBackend(TrainerBackend):
     def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
         super().__init__(cfg, model, seed)
         megatron_cpu_shims.install()
-        from trainer.backends.megatron_convert import Ranks, load_hf_weights
-        from trainer.backends.megatron_model import ParallelSizes, build_gpt_model
+        from trainer.backends.megatron_convert import Ranks
+        from trainer.backends.megatron_model import ParallelSizes
 
         if not cfg.freeze_indexer:
             raise ValueError("megatron backend: only freeze_indexer=true is supported (RL keeps the DSA indexer "
@@ -58,14 +58,21 @@ class MegatronBackend(TrainerBackend):
         self.arch, hf = initial_weights(model, seed)
         self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
         self.compute_dtype = dtype_from_name(model.dtype)
-        module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device, cfg.grad_checkpointing)
+        self.model = _wrap_ddp(self._build_model(hf))
+        self.optimizer = self._new_optimizer()
+        self.loss_fn = build_loss(cfg.loss)
+
+    def _build_model(self, hf: dict[str, Tensor]) -> torch.nn.Module:
+        """This rank's shards of the GPTModel, holding the HF weights; the indexer frozen."""
+        from trainer.backends.megatron_convert import load_hf_weights
+        from trainer.backends.megatron_model import build_gpt_model
+
+        module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device, self.cfg.grad_checkpointing)
         load_hf_weights(module, hf, self.ranks)
         for name, param in module.named_parameters():
             if INDEXER in name:  # frozen: no gradient, so DDP and the optimizer never see it
                 param.requires_grad_(False)
-        self.model = _wrap_ddp(module)
-        self.optimizer = self._new_optimizer()
-        self.loss_fn = build_loss(cfg.loss)
+        return module
 
     def _new_optimizer(self):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
