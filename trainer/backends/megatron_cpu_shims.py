@@ -4,7 +4,9 @@ megatron-core 0.19 is written for GPUs: it allocates buffers on `torch.cuda.curr
 CUDA RNG trackers, moves tensors with `.cuda()`, and imports a triton kernel module unconditionally.
 `install()` makes those calls work on a CPU-only host and changes nothing where CUDA is present
 (except the triton stub, which is only installed when triton is missing). Call it before the first
-`import megatron.core`. Each patch names the megatron call site it exists for.
+`import megatron.core`. Each patch names the megatron call site it exists for. The `torch.cuda`
+patches are process-wide (on CPU-only hosts, where those functions could only raise); the
+device-literal rewrite is scoped (`cuda_on_cpu`).
 """
 
 from __future__ import annotations
