@@ -144,6 +144,16 @@ class WeightPushConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """Model parallelism of the megatron backend; data parallelism is world_size / tensor_parallel."""
+
+    tensor_parallel: int = 1
+    """Tensor-parallel ranks (sequence parallelism is on whenever this is > 1)."""
+    expert_parallel: int = 1
+    """Expert-parallel ranks: routed experts are split across them (carved out of data parallelism)."""
+
+
+@dataclass
 class TrainerConfig:
     backend: str = "torch"
     """`torch` (CPU default, DDP over gloo) or `megatron` (megatron-core)."""
@@ -162,6 +172,8 @@ class TrainerConfig:
     checkpoint_every: int = 10
     loss: LossConfig = field(default_factory=LossConfig)
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Only read by the megatron backend."""
 
 
 @dataclass

@@ -121,7 +121,7 @@ def topk_lower_position_wins(scores: torch.Tensor, query_positions: torch.Tensor
 def rank_topk(scores: torch.Tensor, noncausal: torch.Tensor, tiebreak: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k of scores [..., Lk] (overwritten) outside `noncausal`, ranked by (score, tiebreak) packed
     into one int64: no two keys tie, so the selected set is unique. -> positions [..., k] (unordered)."""
-    scores = scores.add_(0.0).masked_fill_(noncausal, float("-inf"))  # + 0.0 turns -0.0 into +0.0
+    scores = scores.float().add_(0.0).masked_fill_(noncausal, float("-inf"))  # fp32 even under bf16 autocast; -0.0 -> +0.0
     bits = scores.view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
     return ((ordered.to(torch.int64) << 32) | tiebreak).topk(k, dim=-1, sorted=False).indices
