@@ -183,6 +183,11 @@ class TrainerConfig:
     """Recompute each decoder layer in backward instead of storing its activations."""
     device: str = "cpu"
     """torch backend: `cpu`, `cuda` (cuda:<LOCAL_RANK>), or `auto` (cuda when available)."""
+    dense_attention_up_to: int = 512
+    """torch backend: micro-batches whose longest sequence is at most this long use masked dense attention,
+    longer ones sparse attention over the index_topk selected keys. Same result; dense is faster at short
+    lengths (gathering selected keys costs more than it saves), sparse at long ones (O(T*k) vs O(T^2)).
+    0 = always sparse. The unfrozen indexer always trains with sparse attention (its KL needs it)."""
     checkpoint_every: int = 10
     """Steps between checkpoints. Groups are acknowledged only once a checkpoint holds their step, so a
     crash re-trains at most this many steps (from the restored weights), and never loses a group."""

@@ -215,3 +215,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_dense_and_sparse_attention_give_the_same_step(tiny_section):
+    """Sequences longer than index_topk (64): the indexer's selection matters; the dense path masks
+    with it, the sparse one gathers it; the gradients agree."""
+    long_groups = policy_groups(Glm5ForCausalLM.from_config(tiny_section.arch, seed=0), num_groups=1, gen_len=90)
+    mbs, norm = step_inputs(long_groups, 4096)
+    assert mbs[0].max_seqlen > tiny_section.arch.index_topk
+    dense, sparse = backend(tiny_section), backend(tiny_section, dense_attention_up_to=0)
+    assert dense.train_step(mbs, norm).loss == pytest.approx(sparse.train_step(mbs, norm).loss, rel=1e-5)
+    assert_same(grads(dense), grads(sparse), atol=1e-6)

@@ -110,7 +110,8 @@ class TorchBackend(TrainerBackend):
         """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
         train_indexer = not self.cfg.freeze_indexer
         with self._autocast():
-            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, indexer_kl=train_indexer)
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, indexer_kl=train_indexer,
+                                            attention_impl=self._attention_impl(mb))
         old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                                 old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
@@ -119,6 +120,10 @@ class TorchBackend(TrainerBackend):
         (loss + self.cfg.indexer_kl_coef * indexer_kl).backward()
         return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)),
                             *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()
+
+    def _attention_impl(self, mb: MicroBatch) -> str:
+        dense = self.cfg.freeze_indexer and mb.max_seqlen <= self.cfg.dense_attention_up_to
+        return "dense" if dense else "sparse"
 
     def _result(self, totals: Tensor, grad_norm: float, skipped: bool) -> StepResult:
         loss, indexer_kl, tokens, *sums = totals.tolist()
@@ -138,7 +143,8 @@ class TorchBackend(TrainerBackend):
         self.model.eval()
         mb = micro_batch.to(self.device)
         with self._autocast():
-            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, with_entropy=False)
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, with_entropy=False,
+                                            attention_impl=self._attention_impl(mb))
         return out.logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
