@@ -1,6 +1,7 @@
 """Trainer benchmark: the torch backend versus transformers fwd+bwd, and weight-push latency by method.
 
-    python bench/trainer_bench.py [--steps 5] [--device cpu] [--sections train,push] [--out bench/results/trainer_bench]
+    python bench/trainer_bench.py [--steps 5] [--device cpu] [--sections train,push] [--train-models tiny]
+                                  [--out bench/results/trainer_bench]
 
 1. Training throughput, same weights, same samples, same micro-batch composition, same objective
    (direct double-sided IS, entropy metric included), same optimizer (AdamW, clip, indexer frozen):
@@ -117,6 +118,7 @@ def bench_training(section: ModelSection, device: str, steps: int, work: Path) -
     from transformers import GlmMoeDsaForCausalLM
 
     model = Glm5ForCausalLM.from_config(section.arch, seed=0)
+    out = {"params": sum(p.numel() for p in model.parameters())}
     save_pretrained(model, work / "train-ckpt")
     ours = make_backend(TrainerConfig(lr=1e-6, micro_batch_tokens=BUDGET, device=device),
                         replace(section, path=str(work / "train-ckpt")))
@@ -124,9 +126,8 @@ def bench_training(section: ModelSection, device: str, steps: int, work: Path) -
     for name, p in hf.named_parameters():
         p.requires_grad_(".indexer." not in name)  # frozen, as in ours
     optimizer = torch.optim.AdamW([p for p in hf.parameters() if p.requires_grad], lr=1e-6)
-    out = {}
     for label, (kind, median, sigma) in SHAPES.items():
-        mbs = pack(samples(model, kind, median, sigma), BUDGET)
+        mbs = [mb.to(ours.device) for mb in pack(samples(model, kind, median, sigma), BUDGET)]
         normalizer = sum(mb.num_loss_tokens for mb in mbs)
         batches = [padded(mb) for mb in mbs]
         real = sum(mb.num_tokens for mb in mbs)
@@ -188,6 +189,7 @@ def main() -> None:
     parser.add_argument("--pushes", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--sections", default="train,push")
+    parser.add_argument("--train-models", default="tiny", help="comma-separated: tiny, larger")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench"))
     args = parser.parse_args()
     torch.set_num_threads(1 if args.device == "cpu" else os.cpu_count())
@@ -201,8 +203,10 @@ def main() -> None:
                                 + (f", {torch.cuda.get_device_name()}" if args.device != "cpu" else ""),
                      "torch": torch.__version__, "transformers": transformers.__version__,
                      "load_avg_start": os.getloadavg(), "samples": SAMPLES, "budget": BUDGET, "steps": args.steps}
+    models = {"tiny": tiny, "larger": larger}
     if "train" in args.sections:
-        results["train"] = bench_training(tiny, args.device, args.steps, work)
+        results["train"] = {name: bench_training(models[name], args.device, args.steps, work / name)
+                            for name in args.train_models.split(",")}
     if "push" in args.sections:
         results["push"] = {"tiny": asyncio.run(push_round(tiny, work / "tiny", args.pushes)),
                            "larger": asyncio.run(push_round(larger, work / "larger", args.pushes))}
@@ -217,14 +221,16 @@ def render_markdown(r: dict) -> str:
              f"Machine: {r['machine']}; torch {r['torch']}, transformers {r['transformers']}; load average "
              f"{r['load_avg_start'][0]:.1f} at start, {r['load_avg_end'][0]:.1f} at end."]
     if "train" in r:
-        lines += ["", f"## Training step (tiny GLM-5, {r['samples']} samples, micro-batch budget {r['budget']} "
-                  f"tokens, median of {r['steps']} steps, device {r['device']})", "",
-                  "| data | micro-batches | tokens | transformers padding | asyncrl tok/s | transformers useful "
-                  "tok/s | transformers positions/s | asyncrl speedup |", "|---|---|---|---|---|---|---|---|"]
-        for label, row in r["train"].items():
-            lines.append(f"| {label} | {row['micro_batches']} | {row['tokens']} | {row['padding_fraction']:.0%} | "
-                         f"{row['asyncrl_tokens_per_s']:.0f} | {row['transformers_useful_tokens_per_s']:.0f} | "
-                         f"{row['transformers_positions_per_s']:.0f} | {row['speedup']:.2f}x |")
+        lines += ["", f"## Training step ({r['samples']} samples, micro-batch budget {r['budget']} tokens, median "
+                  f"of {r['steps']} steps, device {r['device']})", "",
+                  "| model | data | micro-batches | tokens | transformers padding | asyncrl tok/s | transformers "
+                  "useful tok/s | transformers positions/s | asyncrl speedup |", "|---|---|---|---|---|---|---|---|---|"]
+        for model, rows in r["train"].items():
+            for label, row in ((k, v) for k, v in rows.items() if k != "params"):
+                lines.append(f"| {model} ({rows['params'] / 1e6:.1f}M) | {label} | {row['micro_batches']} | "
+                             f"{row['tokens']} | {row['padding_fraction']:.0%} | {row['asyncrl_tokens_per_s']:.0f} | "
+                             f"{row['transformers_useful_tokens_per_s']:.0f} | {row['transformers_positions_per_s']:.0f}"
+                             f" | {row['speedup']:.2f}x |")
         lines += ["", "A step = forward + IS loss (with the entropy metric) + backward over every micro-batch, "
                   "clip, AdamW. transformers runs each micro-batch's samples padded to its longest (no packed "
                   "path): 'useful' counts real tokens, 'positions' counts padded ones too."]
