@@ -50,6 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = load_config(list(sys.argv[1:] if argv is None else argv))
     backend = make_backend(cfg.trainer, cfg.model, cfg.seed)
     if not backend.is_leader:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun signals every rank; the leader decides when to stop
         backend.follow()
         backend.close()
         return 0

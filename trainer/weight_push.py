@@ -186,6 +186,8 @@ class WeightSync:
         self.cfg, self.store, self.weights_dir = cfg, store, Path(weights_dir)
         self.pusher = PUSHERS[cfg.method](cfg)
         self.pushes = 0
+        self.clients: dict[str, EngineClient] = {}
+        """engine id -> client, kept across pushes (a new HTTP client costs tens of ms)."""
 
     async def push(self, backend: TrainerBackend, version: int) -> PushReport:
         start = time.perf_counter()
@@ -195,12 +197,7 @@ class WeightSync:
         if self.pusher.needs_snapshot:
             snapshot = await self._snapshot(tensors, backend.hf_config(), version)
         report.prepare_s = time.perf_counter() - start
-        engines = await self.store.engines()
-        clients = {eid: EngineClient(url, timeout_s=self.cfg.timeout_s) for eid, url in sorted(engines.items())}
-        try:
-            await self._transfer(clients, tensors, version, snapshot, report)
-        finally:
-            await asyncio.gather(*(c.close() for c in clients.values()))
+        await self._transfer(await self._engines(), tensors, version, snapshot, report)
         self.pushes += 1
         if snapshot is None and self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0:
             snapshot = await self._snapshot(tensors, backend.hf_config(), version)
@@ -209,6 +206,15 @@ class WeightSync:
         if report.failed:
             log.warning("weights v%d did not reach %s", version, report.failed)
         return report
+
+    async def _engines(self) -> dict[str, EngineClient]:
+        """Clients of the engines registered now (by engine id), reusing those whose URL is unchanged."""
+        engines = await self.store.engines()
+        for eid in [e for e, c in self.clients.items() if engines.get(e) != c.base_url]:
+            await self.clients.pop(eid).close()
+        for eid, url in engines.items():
+            self.clients.setdefault(eid, EngineClient(url, timeout_s=self.cfg.timeout_s))
+        return {eid: self.clients[eid] for eid in sorted(engines)}
 
     async def _transfer(self, clients: dict[str, EngineClient], tensors: Tensors, version: int,
                         snapshot: Optional[Path], report: PushReport) -> None:
@@ -248,6 +254,8 @@ class WeightSync:
 
     async def close(self) -> None:
         await self.pusher.close()
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+        self.clients.clear()
 
 
 async def each(clients: dict[str, EngineClient], call: Callable[[EngineClient], Awaitable]) -> dict[str, str]:

@@ -86,8 +86,10 @@ async def test_in_place_push_continues_running_requests_with_both_versions(engin
                                                             "ignore_eos": True, "sampling_seed": 3}))
         while (await client.loads()).loads[0].num_running_reqs == 0:
             await asyncio.sleep(0.02)
-        report = await WeightSync(WeightPushConfig(method="disk"), store, tmp_path / "w").push(trainer_backend, 1)
+        sync = WeightSync(WeightPushConfig(method="disk"), store, tmp_path / "w")
+        report = await sync.push(trainer_backend, 1)
         out = await long
+        await sync.close()
     assert out.meta_info.finish_reason["type"] == "length" and len(out.output_ids) == 200
     spans = [s.model_dump() for s in out.meta_info.weight_versions]
     assert [s["version"] for s in spans] == ["0", "1"] and spans[0]["end"] == spans[1]["start"]
@@ -101,6 +103,7 @@ async def test_a_dead_engine_is_reported_and_the_others_update(engine, store, tr
     assert set(report.failed) == {"engine-dead"} and report.engines == 1
     assert await greedy(engine) == (expected["trained"], "3")  # updated and resumed
     assert (await store.get_weights())["pushed_version"] == "3"
+    await sync.close()
 
 
 def test_unknown_method_or_pause_mode_is_rejected(tmp_path):
