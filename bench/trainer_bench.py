@@ -224,13 +224,13 @@ def render_markdown(r: dict) -> str:
         lines += ["", f"## Training step ({r['samples']} samples, micro-batch budget {r['budget']} tokens, median "
                   f"of {r['steps']} steps, device {r['device']})", "",
                   "| model | data | micro-batches | tokens | transformers padding | asyncrl tok/s | transformers "
-                  "useful tok/s | transformers positions/s | asyncrl speedup |", "|---|---|---|---|---|---|---|---|---|"]
+                  "useful tok/s | transformers positions/s | asyncrl speedup |", "|---" * 9 + "|"]
         for model, rows in r["train"].items():
             for label, row in ((k, v) for k, v in rows.items() if k != "params"):
                 lines.append(f"| {model} ({rows['params'] / 1e6:.1f}M) | {label} | {row['micro_batches']} | "
                              f"{row['tokens']} | {row['padding_fraction']:.0%} | {row['asyncrl_tokens_per_s']:.0f} | "
-                             f"{row['transformers_useful_tokens_per_s']:.0f} | {row['transformers_positions_per_s']:.0f}"
-                             f" | {row['speedup']:.2f}x |")
+                             f"{row['transformers_useful_tokens_per_s']:.0f} | "
+                             f"{row['transformers_positions_per_s']:.0f} | {row['speedup']:.2f}x |")
         lines += ["", "A step = forward + IS loss (with the entropy metric) + backward over every micro-batch, "
                   "clip, AdamW. transformers runs each micro-batch's samples padded to its longest (no packed "
                   "path): 'useful' counts real tokens, 'positions' counts padded ones too."]

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 GROUP_NAME = "asyncrl_weights"
 PAUSE_MODES = ("in_place", "retract", "abort")
+KEY_SPACES = {"builtin": ("default_pg", "0"), "sglang": (GROUP_NAME, GROUP_NAME)}
+"""engine_kind -> the two prefixes its side of the broadcast group puts on the rendezvous keys (BroadcastGroup)."""
 Tensors = dict[str, torch.Tensor]
 
 
@@ -163,8 +165,9 @@ class BroadcastGroup:
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         self.tcp_store = dist.TCPStore(address, port, world_size, is_master=True, timeout=timeout,
                                        wait_for_workers=False)
-        outer, group = {"builtin": ("default_pg", "0"), "sglang": (GROUP_NAME, GROUP_NAME)}[engine_kind]
-        store = dist.PrefixStore(f"{self.device.type}/", dist.PrefixStore(f"{group}/", dist.PrefixStore(outer, self.tcp_store)))
+        outer, group = KEY_SPACES[engine_kind]
+        store = dist.PrefixStore(outer, self.tcp_store)
+        store = dist.PrefixStore(f"{self.device.type}/", dist.PrefixStore(f"{group}/", store))
         if backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(store, 0, world_size)
         else:
@@ -183,6 +186,8 @@ class WeightSync:
             raise ValueError(f"weight_push.method {cfg.method!r} not in {sorted(PUSHERS)}")
         if cfg.pause_mode not in PAUSE_MODES:
             raise ValueError(f"weight_push.pause_mode {cfg.pause_mode!r} not in {list(PAUSE_MODES)}")
+        if cfg.engine_kind not in KEY_SPACES:
+            raise ValueError(f"weight_push.engine_kind {cfg.engine_kind!r} not in {sorted(KEY_SPACES)}")
         self.cfg, self.store, self.weights_dir = cfg, store, Path(weights_dir)
         self.pusher = PUSHERS[cfg.method](cfg)
         self.pushes = 0

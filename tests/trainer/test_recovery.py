@@ -61,7 +61,8 @@ async def pending(store: Store) -> int:
 async def test_killed_trainer_resumes_without_losing_or_repeating_a_group(redis_server, run_name, tiny_section,
                                                                           tmp_path):
     groups = policy_groups(Glm5ForCausalLM.from_config(tiny_section.arch, seed=0), GROUPS)
-    store, reference_store = Store.connect(redis_server.url, run_name), Store.connect(redis_server.url, run_name + "-ref")
+    store = Store.connect(redis_server.url, run_name)
+    reference_store = Store.connect(redis_server.url, run_name + "-ref")
     ids = await write_groups(store, groups)
     reference_ids = await write_groups(reference_store, groups)
     run_dir, log = tmp_path / "run", tmp_path / "trained.jsonl"

@@ -116,7 +116,7 @@ class TorchBackend(TrainerBackend):
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                                 old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
                                                 normalizer=normalizer))
-        indexer_kl = out.indexer_kl * (mb.num_tokens / step_tokens) if out.indexer_kl is not None else loss.new_zeros(())
+        indexer_kl = loss.new_zeros(()) if out.indexer_kl is None else out.indexer_kl * (mb.num_tokens / step_tokens)
         (loss + self.cfg.indexer_kl_coef * indexer_kl).backward()
         return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)),
                             *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()
