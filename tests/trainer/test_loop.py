@@ -45,3 +45,27 @@ async def test_steps_ack_after_checkpoint_push_every_k_and_report(redis_server, 
     assert [r["staleness_max"] for r in records] == [0, 0, 1, 1]  # samples were generated under version 0
     await trainer.close()
     await store.close()
+
+
+def test_trainer_runs_as_a_ray_actor(redis_server, run_name, tiny_section, tmp_path):
+    import ray
+
+    from asyncrl.store import run_sync
+    from tests.services import ROOT
+
+    async def write() -> None:
+        store = Store.connect(redis_server.url, run_name)
+        await write_groups(store, policy_groups(Glm5ForCausalLM.from_config(tiny_section.arch, seed=0), 2))
+        await store.close()
+    run_sync(write())
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
+    try:
+        cfg = TrainerConfig(groups_per_step=2, staleness_tau=100, micro_batch_tokens=64)
+        actor = ray.remote(Trainer).remote(cfg, tiny_section, redis_server.url, run_name, str(tmp_path))
+        metrics = ray.get(actor.step.remote(final=True), timeout=120)
+        assert metrics["step"] == 1 and metrics["weight_version"] == 1 and metrics["filter_groups_kept"] == 2
+        ray.get(actor.close.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+    assert (tmp_path / "checkpoints" / "step-00000001" / "trainer_state.json").exists()
