@@ -15,10 +15,12 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
-from trainer.backends.base import TrainerBackend, make_backend
+
+if TYPE_CHECKING:
+    from trainer.backends.base import TrainerBackend
 
 
 def load_config(overrides: list[str]) -> RunConfig:
@@ -29,11 +31,9 @@ def load_config(overrides: list[str]) -> RunConfig:
         return to_dataclass(compose("config", overrides=overrides))
 
 
-def build_trainer(cfg: RunConfig, backend: Optional[TrainerBackend] = None):
+def build_trainer(cfg: RunConfig, backend: Optional["TrainerBackend"] = None):
     from trainer.actor import Trainer
 
-    if cfg.redis.url is None:
-        raise SystemExit("trainer.run: set redis.url (the trainer joins a running run's Redis)")
     return Trainer(cfg.trainer, cfg.model, cfg.redis.url, cfg.name, cfg.run_dir, cfg.seed, backend=backend)
 
 
@@ -46,8 +46,16 @@ async def serve(trainer, total_steps: int) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = load_config(list(sys.argv[1:] if argv is None else argv))
+    cfg = load_config(argv)
+    if cfg.redis.url is None:
+        raise SystemExit("trainer.run: set redis.url (the trainer joins a running run's Redis)")
+    from trainer.backends.base import make_backend  # torch and the model: only once the config is valid
+
     backend = make_backend(cfg.trainer, cfg.model, cfg.seed)
     if not backend.is_leader:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun signals every rank; the leader decides when to stop
