@@ -193,11 +193,18 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench"))
     args = parser.parse_args()
     torch.set_num_threads(1 if args.device == "cpu" else os.cpu_count())
-    work = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
-    tiny = load_model_section("tiny")
-    larger = replace(tiny, arch=replace(tiny.arch, **LARGER))
+    with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:  # checkpoints and snapshots: ~1 GB
+        results = run_sections(args, Path(tmp))
+    Path(args.out + ".json").write_text(json.dumps(results, indent=2))
+    Path(args.out + ".md").write_text(render_markdown(results))
+    print(render_markdown(results))
+
+
+def run_sections(args: argparse.Namespace, work: Path) -> dict:
     import transformers
 
+    tiny = load_model_section("tiny")
+    larger = replace(tiny, arch=replace(tiny.arch, **LARGER))
     results: dict = {"command": " ".join(["python", *sys.argv]), "device": args.device,
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores"
                                 + (f", {torch.cuda.get_device_name()}" if args.device != "cpu" else ""),
@@ -211,9 +218,7 @@ def main() -> None:
         results["push"] = {"tiny": asyncio.run(push_round(tiny, work / "tiny", args.pushes)),
                            "larger": asyncio.run(push_round(larger, work / "larger", args.pushes))}
     results["load_avg_end"] = os.getloadavg()
-    Path(args.out + ".json").write_text(json.dumps(results, indent=2))
-    Path(args.out + ".md").write_text(render_markdown(results))
-    print(render_markdown(results))
+    return results
 
 
 def render_markdown(r: dict) -> str:
