@@ -116,6 +116,17 @@ class EnvServiceConfig:
     capacity: int = 64
     weight: float = 1.0
     options: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments of the env class (`--option k=v`)."""
+    sandbox: str = "namespace"
+    """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
+    sandbox_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def serve_args(self) -> list[str]:
+        args = ["--sandbox-type", self.sandbox]
+        for key, value in self.sandbox_options.items():
+            args += ["--sandbox-option", f"{key}={value}"]
+        return args + (["--unsafe-local-sandbox"] if self.sandbox == "local_unsafe" else [])
 
 
 @dataclass
@@ -210,10 +221,42 @@ class TrainerConfig:
 
 
 @dataclass
+class WarmupConfig:
+    """Supervised warm-up before RL (0 steps: none). Produces <run_dir>/warmup, reused by later runs."""
+
+    steps: int = 0
+    env: str = "envs.tasks.ArithmeticEnv"
+    """Dotted path of an env class offering demonstrations(count, seed)."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 32
+    lr: float = 3e-3
+    thinking: bool = False
+    """Chat-template mode; must match the gateway's."""
+
+
+@dataclass
 class RayConfig:
     address: Optional[str] = None
     """Ray cluster to join; None starts (or joins, under `ray job submit`) a local one."""
     num_cpus: Optional[int] = None
+
+
+@dataclass
+class ComponentsConfig:
+    """Dotted paths the launcher starts; replace one to plug in another implementation."""
+
+    engine_group: str = "rollout.actor.EngineGroup"
+    gateway: str = "gateway.server"
+    orchestrator: str = "orchestrator.server"
+    env_service: str = "envs.serve"
+    trainer: str = "trainer.actor.Trainer"
+    warmup: str = "trainer.sft.warmup"
+
+
+@dataclass
+class ResourcesConfig:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
 
 
 @dataclass
@@ -228,11 +271,14 @@ class RunConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     model: ModelSection = field(default_factory=ModelSection)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer_resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    components: ComponentsConfig = field(default_factory=ComponentsConfig)
 
 
 def register_configs() -> None:
