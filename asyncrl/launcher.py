@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from asyncrl.config import RunConfig
 from asyncrl.redis_server import EmbeddedRedis
+from asyncrl.run_metrics import Collector
 from asyncrl.store import Store, run_sync
 from asyncrl.supervisor import ServiceActor
 
@@ -48,6 +49,7 @@ def run(cfg: RunConfig) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
+        (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
         _start_ray(cfg, stack)
         job = Job(cfg, run_dir, redis_url)
         stack.callback(job.shutdown)
@@ -98,6 +100,7 @@ class Job:
         self.services: dict[str, Any] = {}
         self.trainer: Any = None
         self.training: Any = None
+        self.collector: Optional[Collector] = None
 
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,8 +116,10 @@ class Job:
         run_sync(self._with_store(lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode})))
-        log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s)", cfg.name, cfg.mode, gateway,
-                 orchestrator, sum(e.num_replicas for e in cfg.envs.services))
+        self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard").start()
+        log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
+                 "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
+                 sum(e.num_replicas for e in cfg.envs.services), self.run_dir)
 
     def _guard(self, component: str, start) -> Any:
         try:
@@ -263,6 +268,8 @@ class Job:
         """Reverse order: stop producing work, then the consumers, then the engines."""
         import ray
 
+        if self.collector is not None:
+            _quietly(self.collector.stop)
         if self.trainer is not None:
             _quietly(lambda: ray.get(self.trainer.close.remote(), timeout=60))
         for name in sorted(self.services, key=lambda n: (n != "orchestrator", n.startswith("gateway"))):
