@@ -12,6 +12,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
     "gateway serve": ("gateway.server:main", "serve the TITO gateway (sessions, OpenAI chat, token-native)"),
+    "watch": ("asyncrl.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
+    "trainer": ("trainer.run:main", "run the trainer alone against a run's Redis (Hydra overrides; torchrun for DP)"),
 }
 
 

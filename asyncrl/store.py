@@ -11,15 +11,26 @@ The API is asyncio (redis.asyncio): every component that touches Redis runs an e
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Iterable, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Container, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
 
 from asyncrl.types import GroupRecord, Sample, TrainingGroup
 
+T = TypeVar("T")
+
 TRAINER_GROUP = "trainer"
+
+
+def run_sync(coro: Awaitable[T]) -> T:
+    """Run a store coroutine from synchronous code, also where an event loop is already running
+    (Ray actor threads): it runs on a private loop in a helper thread."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _s(value: bytes | str) -> str:
@@ -87,22 +98,37 @@ class Store:
                 raise
 
     async def read_groups(self, consumer: str, count: int, block_ms: Optional[int] = None,
-                          group: str = TRAINER_GROUP, claim_idle_ms: int = 60_000) -> list[TrainingGroup]:
+                          group: str = TRAINER_GROUP, claim_idle_ms: int = 60_000,
+                          exclude: Container[str] = frozenset()) -> list[TrainingGroup]:
         """Up to `count` groups for `consumer`, oldest first: its own unacknowledged deliveries (a
         restarted reader), then deliveries of other consumers idle for `claim_idle_ms` (a crashed
-        reader), then new entries. Nothing is acknowledged here: see `ack_groups`."""
+        reader), then new entries. Nothing is acknowledged here: see `ack_groups`. Stream ids in
+        `exclude` (groups the caller already holds) count towards `count` but are not fetched again."""
         await self.ensure_consumer_group(group)
         stream = self.key("groups")
         entries = (await self.redis.xreadgroup(group, consumer, {stream: "0"}, count=count))[0][1]
-        if len(entries) < count:
-            claimed = await self.redis.xautoclaim(stream, group, consumer, claim_idle_ms, "0-0",
-                                                  count=count - len(entries))
-            entries += [e for e in claimed[1] if e and e[1]]  # entries deleted meanwhile come back empty
+        if len(entries) < count:  # every own pending entry is in `entries` now: claim only others'
+            entries += await self._claim_from_others(group, consumer, claim_idle_ms, count - len(entries),
+                                                     own_pending=len(entries))
         if len(entries) < count:
             fresh = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count - len(entries),
                                                 block=block_ms)
             entries += fresh[0][1] if fresh else []
-        return [await self._training_group(entry_id, fields) for entry_id, fields in entries]
+        return [await self._training_group(entry_id, fields) for entry_id, fields in entries
+                if _s(entry_id) not in exclude]
+
+    async def _claim_from_others(self, group: str, consumer: str, min_idle_ms: int, count: int,
+                                 own_pending: int) -> list:
+        """Up to `count` entries delivered to other consumers and idle for `min_idle_ms` (their reader
+        died), now owned by `consumer`. Own entries are never claimed: a reader holding groups through a
+        long step would otherwise take them back instead of new work."""
+        stream = self.key("groups")
+        pending = await self.redis.xpending_range(stream, group, "-", "+", count + own_pending, idle=min_idle_ms)
+        ids = [p["message_id"] for p in pending if _s(p["consumer"]) != consumer][:count]
+        if not ids:
+            return []
+        claimed = await self.redis.xclaim(stream, group, consumer, min_idle_ms, ids)
+        return [e for e in claimed if e and e[1]]  # entries deleted meanwhile come back empty
 
     async def _training_group(self, entry_id: bytes, fields: dict[bytes, bytes]) -> TrainingGroup:
         record = GroupRecord.decode(fields)
@@ -157,6 +183,17 @@ class Store:
 
     async def get_weights(self) -> dict[str, str]:
         return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+
+    # Engines ---------------------------------------------------------------------------------
+    async def register_engine(self, engine_id: str, url: str) -> None:
+        """Where an engine serves now (engine actors re-register after every restart)."""
+        await self.redis.hset(self.key("engines"), engine_id, url)
+
+    async def unregister_engine(self, engine_id: str) -> None:
+        await self.redis.hdel(self.key("engines"), engine_id)
+
+    async def engines(self) -> dict[str, str]:
+        return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("engines"))).items()}
 
     # Metrics -----------------------------------------------------------------------------------
     async def add_metrics(self, source: str, values: dict[str, float], maxlen: int = 100_000) -> None:

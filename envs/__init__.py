@@ -1,1 +1,5 @@
-"""envs component (see shared/protocols and docs/)."""
+"""Environment services: the SDK (envs.sdk) and the built-in environments (tasks, terminal, swe, search).
+
+Serve one with `python -m envs.serve --env envs.tasks.ArithmeticEnv --port 0`; see docs/envs.md.
+Depends only on asyncrl-level packages, never on the other components (rollout, gateway, ...).
+"""

@@ -52,6 +52,7 @@ class EngineArgs:
     num_threads: int = 1
     """torch intra-op threads for the forward (the tiny model is fastest single-threaded)."""
     served_model_name: str = "asyncrl"
+    disable_radix_cache: bool = False
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Engine:
         self.context_length = context
         self.cache = KVCache(self.config, args.max_total_tokens, dtype=self.model.dtype)
         self.scheduler = Scheduler(
-            SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context),
+            SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context,
+                            args.disable_radix_cache),
             forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids))
         self.scheduler.weight_version = args.weight_version
         self.eos_ids = frozenset(self.config.eos_token_ids)

@@ -41,19 +41,21 @@ class SchedulerConfig:
     max_total_tokens: int
     chunked_prefill_size: int
     max_context_len: int
+    disable_radix_cache: bool = False
+    """Never reuse prefixes (baseline for measuring the cache's gain)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Extend:
-    """One request's share of a forward: `take` pending tokens starting at its num_computed."""
+    """One request's share of a forward: `take` pending tokens starting at its num_computed.
+    `completes`: afterwards every token of the request has its KV, so the next one is sampled."""
 
     req: Req
     take: int
+    completes: bool = False
 
-    @property
-    def completes(self) -> bool:
-        """After this forward every token of the request has its KV: sample the next one."""
-        return self.req.num_computed + self.take == self.req.all_len
+    def __post_init__(self) -> None:
+        self.completes = self.req.num_computed + self.take == self.req.all_len
 
 
 class Scheduler:
@@ -136,6 +138,8 @@ class Scheduler:
         limit = req.all_len - 1  # at least one token is computed: its logits pick the next token
         if req.wants_input_logprobs:
             limit = min(limit, max(req.item.logprob_start_len - 1, 0))
+        if self.config.disable_radix_cache:
+            limit = 0
         slots, node = self.cache.match_prefix(ids[:limit])
         return slots, node
 
@@ -184,9 +188,9 @@ class Scheduler:
         if need > self.pool.available:
             raise MemoryError(f"KV pool of {self.config.max_total_tokens} tokens cannot hold one request "
                               f"({need} tokens needed); raise rollout.max_total_tokens")
-        for e in plan:
-            slots = self.pool.alloc(e.take)
-            self._req_to_slot[e.req.row, e.req.num_computed:e.req.num_computed + e.take] = torch.from_numpy(slots)
+        rows = [e.req.row for e in plan for _ in range(e.take)]
+        cols = [e.req.num_computed + j for e in plan for j in range(e.take)]
+        self._req_to_slot[rows, cols] = torch.from_numpy(self.pool.alloc(need))
         return plan
 
     # Forward + sampling --------------------------------------------------------------------------
@@ -289,7 +293,7 @@ class Scheduler:
         """Leave the running batch: computed KV goes to the radix cache (if not stale), rest freed."""
         self.running.remove(req)
         slots = self._req_to_slot[req.row, :req.num_computed].numpy().copy()
-        if req.kv_generation == self.generation and req.num_computed > 0:
+        if req.kv_generation == self.generation and req.num_computed > 0 and not self.config.disable_radix_cache:
             # tokens [0, already) were cached before: the prefix's own slots, or duplicates to free
             already = self.cache.insert(np.asarray(req.computed_ids(), dtype=np.int64), slots)
             self.pool.free(slots[req.num_prefix_slots:already])

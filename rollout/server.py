@@ -110,6 +110,8 @@ def build_app(engine: Engine) -> FastAPI:
         loop, updates = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_update(req: Req) -> None:  # engine thread
+            if not (req.finished or req.item.stream):
+                return  # non-streaming clients only need the final state
             body = response_body(req, engine)
             if req.finished:
                 metrics.finished(req)
@@ -318,6 +320,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--weight-version", default="0")
     p.add_argument("--num-threads", type=int, default=1)
     p.add_argument("--served-model-name", default="asyncrl")
+    p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--url-file", help="write the bound URL here once serving")
     args = vars(p.parse_args(argv))
     url_file = args.pop("url_file")

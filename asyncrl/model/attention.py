@@ -9,8 +9,8 @@ is stored; kv_b_proj is never applied to the keys. Instead it is absorbed into t
 so training, prefill and decode all attend over the same latent rows (from the KV cache, or the batch's
 own fresh latents when there is no cache). Two interchangeable kernels:
   sparse: gather only the k selected latent rows per query, O(T * k) time and memory;
-  dense:  all context rows with a (causal & selected) mask, O(T^2): the reference, and the fast path
-          while every context fits in index_topk (then every causal key is selected anyway).
+  dense:  all context rows with a (causal & selected) mask, O(T^2): the reference, and the faster one
+          on CPU for short multi-query contexts (ForwardBatch.attention_impl says which runs).
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.config import ModelConfig
-from asyncrl.model.indexer import Indexer, Selection
+from asyncrl.model.indexer import Indexer, Selection, gather_rows
 from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.norm import RMSNorm
 from asyncrl.model.rope import apply_rope, softmax_scale
@@ -35,9 +34,8 @@ class AttentionContext:
     """Per-forward inputs every layer reads (read-only, so checkpointed layers can be re-run)."""
 
     batch: ForwardBatch
-    cos: torch.Tensor
-    """[N, rope_dim / 2]"""
-    sin: torch.Tensor
+    rotations: torch.Tensor
+    """[N, rope_dim / 2] complex RoPE rotations of the new tokens."""
     cache: Optional[KVCache] = None
     indexer_kl: bool = False
     """Full-indexer layers also return the DeepSeek-V3.2 indexer alignment loss."""
@@ -82,13 +80,12 @@ class MLA(nn.Module):
         """
         q_resid = self.q_a_layernorm(self.q_a_proj(x))  # [N, q_lora]
         q = self.q_b_proj(q_resid).view(x.shape[0], self.n_heads, -1)  # [N, h, nope + rope]
-        q_rope = apply_rope(q[..., self.nope_dim :], ctx.cos[:, None], ctx.sin[:, None])
         store = self._store(self.latent(x, ctx), ctx, ctx.cache.latent[self.layer_idx] if ctx.cache else None)
         selection = self._select(x, q_resid, ctx) if self.indexer is not None else shared
-        query = self.absorb_query(q[..., : self.nope_dim], q_rope)  # [N, h, kv_lora + rope]
+        query = self.absorb_query(q, ctx.rotations)  # [N, h, kv_lora + rope]
         kl = None
-        if selection is not None and ctx.batch.attention_impl != "dense":
-            out, probs = self.sparse_attention(query, store, selection, ctx.batch)
+        if selection is not None and (ctx.indexer_kl or ctx.batch.uses_sparse_kernel(self.index_topk)):
+            out, probs = self.sparse_attention(query, store, selection)
             if self.indexer is not None and ctx.indexer_kl:
                 kl = self._indexer_kl(x, q_resid, probs, selection, ctx)
         else:
@@ -98,56 +95,65 @@ class MLA(nn.Module):
     def latent(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x [N, hidden] -> latent rows [N, kv_lora + rope]: normed c_kv and the rotated shared rope key."""
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        return torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_pe, ctx.cos, ctx.sin)], dim=-1)
+        return torch.cat([self.kv_a_layernorm(c_kv), apply_rope(k_pe, ctx.rotations)], dim=-1)
 
     @staticmethod
     def _store(rows: torch.Tensor, ctx: AttentionContext, pool: Optional[torch.Tensor]) -> torch.Tensor:
         """The table the batch's context slots index: the cache pool (after writing rows) or the rows."""
         if pool is None:
             return rows
-        pool[ctx.batch.write_slots] = rows.to(pool.dtype)
+        pool.index_copy_(0, ctx.batch.write_slots, rows.to(pool.dtype))
         return pool
 
     @torch.no_grad()
     def _select(self, x: torch.Tensor, q_resid: torch.Tensor, ctx: AttentionContext) -> Optional[Selection]:
         """Write this layer's index keys; run the indexer when some context is longer than index_topk."""
-        keys = self.indexer.keys(x, ctx.cos, ctx.sin)
+        keys = self.indexer.keys(x, ctx.rotations)
         index_pool = ctx.cache.index_keys_of(self.layer_idx) if ctx.cache else None
         key_store = self._store(keys, ctx, index_pool)
         if not ctx.needs_selection(self.index_topk):
             return None
-        q, weights = self.indexer.queries(x, q_resid, ctx.cos, ctx.sin)
+        q, weights = self.indexer.queries(x, q_resid, ctx.rotations)
         return self.indexer.select(q, weights, key_store, ctx.batch)
 
-    def absorb_query(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
-        """q_nope [N, h, nope], q_rope [N, h, rope] -> [N, h, kv_lora + rope] (dot it with latent rows)."""
-        w_kc = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)[:, : self.nope_dim]
-        return torch.cat([torch.einsum("nhd,hdc->nhc", q_nope, w_kc), q_rope], dim=-1)
+    def _kv_b(self) -> torch.Tensor:
+        """kv_b_proj.weight as [h, nope + v, kv_lora]: W_kc = [:, :nope], W_vc = [:, nope:]."""
+        return self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+
+    def absorb_query(self, q: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        """q [N, h, nope + rope] -> [N, h, kv_lora + rope]: W_kc^T q_nope, then the rotated q_rope."""
+        w_kc = self._kv_b()[:, : self.nope_dim]  # [h, nope, kv_lora]
+        q_latent = torch.bmm(q[..., : self.nope_dim].transpose(0, 1), w_kc)  # [h, N, kv_lora]
+        return torch.cat([q_latent.transpose(0, 1), apply_rope(q[..., self.nope_dim :], rotations[:, None])], dim=-1)
 
     def absorb_output(self, out_latent: torch.Tensor) -> torch.Tensor:
-        """[N, h, kv_lora] attention-weighted latents -> values [N, h, v]."""
-        w_vc = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)[:, self.nope_dim :]
-        return torch.einsum("nhc,hvc->nhv", out_latent, w_vc)
+        """[N, h, kv_lora] attention-weighted latents -> values [N, h, v] (W_vc per head)."""
+        values = torch.bmm(out_latent.transpose(0, 1), self._kv_b()[:, self.nope_dim :].transpose(1, 2))  # [h, N, v]
+        return values.transpose(0, 1)
 
-    def sparse_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Selection, batch: ForwardBatch
+    def sparse_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Selection
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend over the k selected rows only -> latents [N, h, kv_lora] and probs [N, h, k]."""
-        slots, valid = selection.slots(batch)  # [N, k]
-        rows = store[slots].to(query.dtype)  # [N, k, kv_lora + rope]
-        scores = torch.einsum("nhc,nkc->nhk", query, rows) * self.scale
-        probs = scores.masked_fill(~valid[:, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
-        return torch.einsum("nhk,nkc->nhc", probs, rows[..., : self.kv_lora_rank]), probs
+        rows = gather_rows(store, selection.slots).to(query.dtype)  # [N, k, kv_lora + rope]
+        scores = torch.bmm(query, rows.transpose(1, 2)) * self.scale  # [N, h, k]
+        probs = scores.masked_fill(selection.invalid[:, None], float("-inf")).softmax(-1, dtype=torch.float32)
+        probs = probs.to(query.dtype)
+        out = torch.bmm(probs, rows)[..., : self.kv_lora_rank]  # slicing the small output: cheaper backward
+        return out, probs
 
     def dense_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Optional[Selection],
                         batch: ForwardBatch) -> torch.Tensor:
         """Attend over every context row with a causal (and selection) mask -> latents [N, h, kv_lora]."""
-        rows = store[batch.context_slots].to(query.dtype)  # [B, Lk, kv_lora + rope]
-        mask = torch.arange(batch.max_context, device=query.device) <= batch.query_positions[..., None]  # [B, Lq, Lk]
+        rows = gather_rows(store, batch.context_slots).to(query.dtype)  # [B, Lk, kv_lora + rope]
+        mask = ~batch.noncausal  # [B, Lq, Lk]
         if selection is not None:
             mask &= selection.dense_mask(batch.max_context)
-        scores = torch.einsum("bqhc,bkc->bqhk", batch.to_padded(query), rows) * self.scale
+        num_seqs, max_extend = mask.shape[:2]
+        padded = batch.to_padded(query).view(num_seqs, max_extend * self.n_heads, -1)  # [B, Lq * h, kv_lora + rope]
+        scores = torch.bmm(padded, rows.transpose(1, 2)).view(num_seqs, max_extend, self.n_heads, -1) * self.scale
         probs = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
-        return batch.to_flat(torch.einsum("bqhk,bkc->bqhc", probs, rows[..., : self.kv_lora_rank]))
+        out = torch.bmm(probs.view(num_seqs, max_extend * self.n_heads, -1), rows[..., : self.kv_lora_rank])
+        return batch.to_flat(out.view(num_seqs, max_extend, self.n_heads, -1))  # [N, h, kv_lora]
 
     def _indexer_kl(self, x: torch.Tensor, q_resid: torch.Tensor, probs: torch.Tensor, selection: Selection,
                     ctx: AttentionContext) -> torch.Tensor:
@@ -156,12 +162,12 @@ class MLA(nn.Module):
         p_t is the head-summed, L1-normalised main attention (a detached target); the indexer sees
         detached inputs, so this loss trains the indexer only.
         """
-        slots, valid = selection.slots(ctx.batch)  # [N, k]
         x, q_resid = x.detach(), q_resid.detach()
-        keys = self.indexer.keys(x, ctx.cos, ctx.sin)[slots]  # [N, k, D] (no cache while training)
-        q, weights = self.indexer.queries(x, q_resid, ctx.cos, ctx.sin)
-        log_q = self.indexer.selected_scores(q, weights, keys).masked_fill(~valid, float("-inf")).log_softmax(-1)
+        keys = gather_rows(self.indexer.keys(x, ctx.rotations), selection.slots)  # [N, k, D] (no cache in training)
+        q, weights = self.indexer.queries(x, q_resid, ctx.rotations)
+        scores = self.indexer.selected_scores(q, weights, keys)  # [N, k]
+        log_q = scores.masked_fill(selection.invalid, float("-inf")).log_softmax(-1)
         target = probs.detach().float().sum(1)
         target = target / target.sum(-1, keepdim=True)  # [N, k]
-        kl = torch.xlogy(target, target) - target * log_q.masked_fill(~valid, 0.0)
+        kl = torch.xlogy(target, target) - target * log_q.masked_fill(selection.invalid, 0.0)
         return kl.sum(-1).mean()

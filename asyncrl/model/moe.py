@@ -64,14 +64,15 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """The routed experts as stacked SwiGLU weights: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    """The routed experts as stacked SwiGLU weights, input-major so bmm reads them contiguously:
+    w_gate_up [E, H, 2I] (gate_proj.weight^T then up_proj.weight^T), w_down [E, I, H] (down_proj.weight^T)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         n, hidden, inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         self.num_experts, self.intermediate = n, inter
-        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * inter, hidden))
-        self.down_proj = nn.Parameter(torch.empty(n, hidden, inter))
+        self.w_gate_up = nn.Parameter(torch.empty(n, hidden, 2 * inter))
+        self.w_down = nn.Parameter(torch.empty(n, inter, hidden))
         self.register_state_dict_post_hook(_experts_to_hf_names)
         self.register_load_state_dict_pre_hook(_experts_from_hf_names)
 
@@ -82,36 +83,38 @@ class Experts(nn.Module):
         busiest expert's load), so each projection is one bmm.
         """
         num_tokens, top_k = experts.shape
-        flat = experts.reshape(-1)  # [N * k]
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        row = torch.empty_like(flat)
-        row[order] = torch.arange(flat.numel(), device=flat.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
-        grouped = x.new_zeros(self.num_experts, int(counts.max()), x.shape[-1])  # [E, capacity, H]
-        grouped = grouped.index_put((flat, row), x.repeat_interleave(top_k, dim=0))
-        gate, up = torch.bmm(grouped, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, capacity, I] each
-        out = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))  # [E, capacity, H]
-        per_choice = out[flat, row].view(num_tokens, top_k, -1)  # [N, k, H]
+        flat = experts.reshape(-1)  # [N * k] expert of each (token, choice)
+        one_hot = F.one_hot(flat, self.num_experts)  # [N * k, E]
+        rank = one_hot.cumsum(0).gather(1, flat[:, None]).squeeze(1) - 1  # arrival order within its expert
+        capacity = int(rank.max()) + 1
+        row = flat * capacity + rank  # [N * k] row in the flattened [E * capacity] batch
+        grouped = x.new_zeros(self.num_experts * capacity, x.shape[-1])
+        grouped.index_copy_(0, row, x.repeat_interleave(top_k, dim=0))
+        grouped = grouped.view(self.num_experts, capacity, -1)  # [E, capacity, H]
+        gate, up = torch.bmm(grouped, self.w_gate_up).chunk(2, dim=-1)  # [E, capacity, I] each
+        out = torch.bmm(F.silu(gate) * up, self.w_down)  # [E, capacity, H]
+        per_choice = out.view(-1, x.shape[-1]).index_select(0, row).view(num_tokens, top_k, -1)  # [N, k, H]
         return (per_choice * weights[..., None]).sum(1).to(x.dtype)
 
 
 def _experts_to_hf_names(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    """{prefix}gate_up_proj / down_proj -> {prefix}{e}.gate_proj.weight, .up_proj.weight, .down_proj.weight (views)."""
-    gate_up, down = state_dict.pop(prefix + "gate_up_proj"), state_dict.pop(prefix + "down_proj")
+    """{prefix}w_gate_up / w_down -> {prefix}{e}.gate_proj.weight, .up_proj.weight, .down_proj.weight
+    (transposed views; .contiguous() them before serialising)."""
+    gate_up, down = state_dict.pop(prefix + "w_gate_up"), state_dict.pop(prefix + "w_down")
     for e in range(module.num_experts):
-        state_dict[f"{prefix}{e}.gate_proj.weight"] = gate_up[e, : module.intermediate]
-        state_dict[f"{prefix}{e}.up_proj.weight"] = gate_up[e, module.intermediate :]
-        state_dict[f"{prefix}{e}.down_proj.weight"] = down[e]
+        state_dict[f"{prefix}{e}.gate_proj.weight"] = gate_up[e, :, : module.intermediate].T
+        state_dict[f"{prefix}{e}.up_proj.weight"] = gate_up[e, :, module.intermediate :].T
+        state_dict[f"{prefix}{e}.down_proj.weight"] = down[e].T
 
 
 def _experts_from_hf_names(module: Experts, state_dict: dict, prefix: str, *args) -> None:
-    """Stack per-expert HF tensors back into gate_up_proj / down_proj (when all experts are present)."""
+    """Stack per-expert HF tensors back into w_gate_up / w_down (when all experts are present)."""
     names = [f"{prefix}{e}.{p}_proj.weight" for e in range(module.num_experts) for p in ("gate", "up", "down")]
     if not all(name in state_dict for name in names):
         return  # load_state_dict reports the missing keys
     pops = [state_dict.pop(name) for name in names]
-    state_dict[prefix + "gate_up_proj"] = torch.stack([torch.cat(pops[i : i + 2]) for i in range(0, len(pops), 3)])
-    state_dict[prefix + "down_proj"] = torch.stack(pops[2::3])
+    state_dict[prefix + "w_gate_up"] = torch.stack([torch.cat(pops[i : i + 2]).T for i in range(0, len(pops), 3)])
+    state_dict[prefix + "w_down"] = torch.stack([down.T for down in pops[2::3]])
 
 
 class MoE(nn.Module):

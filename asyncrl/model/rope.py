@@ -1,9 +1,10 @@
 """Interleaved partial RoPE, as transformers >= 5.16 applies it to GLM-5 (MLA and the DSA indexer).
 
 Only `qk_rope_head_dim` channels rotate. DeepSeek lays them out as interleaved pairs (x0, x1), (x2, x3),
-... each rotated by one frequency; the rotated output is written de-interleaved ([evens | odds]), exactly
-as transformers does. Queries and keys go through the same function, so their dot products are those
-of the interleaved formulation.
+... each pair rotated by one frequency: a complex multiplication. transformers writes the rotated pairs
+de-interleaved ([evens | odds]); we keep them interleaved (fewer ops). Rotated vectors are only ever
+dotted with each other (queries with keys, including cached keys, which also come from here), and a dot
+product does not depend on a common channel order, so scores equal transformers'.
 """
 
 from __future__ import annotations
@@ -78,13 +79,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_scaling = rope_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [...] -> cos, sin [..., rope_dim / 2] in `dtype` (computed in fp32 as HF does)."""
-        freqs = positions[..., None].float() * self.inv_freq
-        return (freqs.cos() * self.attention_scaling).to(dtype), (freqs.sin() * self.attention_scaling).to(dtype)
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions [...] -> rotations [..., rope_dim / 2] complex64 (scale * e^(i * pos * inv_freq))."""
+        angles = positions[..., None].float() * self.inv_freq
+        return torch.polar(torch.full_like(angles, self.attention_scaling), angles)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x [..., rope_dim]; cos/sin broadcast to [..., rope_dim / 2]."""
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Rotate the interleaved pairs of x [..., rope_dim]; rotations broadcast to [..., rope_dim / 2]."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [..., rope_dim / 2]
+    return torch.view_as_real(pairs * rotations).flatten(-2).to(x.dtype)

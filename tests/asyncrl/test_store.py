@@ -105,3 +105,17 @@ async def test_metrics_stream(redis_server, run_name):
     assert [r[2]["reward"] for r in records] == [0.5, 0.7]
     assert await store.read_metrics(after=records[0][0]) == records[1:]
     await store.close()
+
+
+async def test_claims_take_only_other_consumers_entries_and_exclude_skips_held_ones(redis_server, run_name):
+    store = Store.connect(redis_server.url, run_name)
+    for gid in ("g0", "g1", "g2"):
+        await add_group(store, gid)
+    held = await store.read_groups("a", count=1)
+    # a still holds g0 (idle, claimable): its next read gets new work, not its own entry back
+    nxt = await store.read_groups("a", count=2, claim_idle_ms=0, exclude={held[0].stream_id})
+    assert [g.record.group_id for g in nxt] == ["g1"]  # g0 counted (held, not fetched again) + g1
+    # another consumer claims a's idle deliveries, then reads new entries
+    other = await store.read_groups("b", count=5, claim_idle_ms=0, block_ms=10)
+    assert [g.record.group_id for g in other] == ["g0", "g1", "g2"]
+    await store.close()

@@ -1,0 +1,117 @@
+"""Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard.
+
+Sources: the trainer appends a `trainer` record per step (reward, loss, masked fraction, staleness,
+tokens/s, weight version, ...); the launcher's collector appends an `orchestrator` record every few
+seconds from GET /v1/status (episodes/s, in flight, env health). `asyncrl watch`, the TensorBoard
+event files under <run_dir>/tensorboard and tests all read the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+from asyncrl.store import Store
+
+log = logging.getLogger("asyncrl.run_metrics")
+
+TRAINER_SCALARS = {
+    "reward_mean": "rollout/reward_mean", "response_len_mean": "rollout/response_length",
+    "staleness_mean": "rollout/staleness_mean", "staleness_max": "rollout/staleness_max",
+    "loss": "train/loss", "grad_norm": "train/grad_norm", "masked_fraction": "train/masked_fraction",
+    "mean_ratio": "train/mean_ratio", "mismatch_kl": "train/mismatch_kl", "entropy": "train/entropy",
+    "tokens_per_s": "throughput/train_tokens_per_s", "weight_version": "train/weight_version",
+    "push_s": "train/weight_push_s",
+}
+ORCHESTRATOR_SCALARS = {
+    "episodes_per_s": "throughput/episodes_per_s", "in_flight": "rollout/in_flight", "queued": "rollout/queued",
+    "completed": "rollout/episodes_completed", "failed": "rollout/episodes_failed", "retried": "rollout/episodes_retried",
+}
+
+
+def orchestrator_record(status: dict[str, Any]) -> dict[str, float]:
+    """Flatten /v1/status into scalars: totals plus per-env health (healthy services, in flight)."""
+    record = {k: float(status[k]) for k in ORCHESTRATOR_SCALARS if isinstance(status.get(k), (int, float))}
+    for env, stats in (status.get("by_env") or {}).items():
+        record[f"env/{env}/healthy_services"] = float(stats.get("healthy_services", 0))
+        record[f"env/{env}/in_flight"] = float(stats.get("in_flight", 0))
+    return record
+
+
+class TensorBoardMirror:
+    """Appends every new metrics record of the run to TensorBoard event files."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+        self.after = "0-0"
+        self._orchestrator_ticks = 0
+
+    def write(self, records: list[tuple[str, str, dict[str, float]]]) -> None:
+        for stream_id, source, values in records:
+            self.after = stream_id
+            if source == "trainer":
+                step = int(values.get("step", 0))
+                for key, tag in TRAINER_SCALARS.items():
+                    if key in values:
+                        self.writer.add_scalar(tag, values[key], step)
+            elif source == "orchestrator":
+                self._orchestrator_ticks += 1
+                for key, value in values.items():
+                    self.writer.add_scalar(ORCHESTRATOR_SCALARS.get(key, key), value, self._orchestrator_ticks)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Collector:
+    """Background thread: poll the orchestrator into the stream, mirror the stream to TensorBoard."""
+
+    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0) -> None:
+        self.redis_url, self.run, self.orchestrator_url = redis_url, run, orchestrator_url
+        self.log_dir, self.interval_s = log_dir, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="metrics", daemon=True)
+
+    def start(self) -> "Collector":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    async def _loop(self) -> None:
+        store = Store.connect(self.redis_url, self.run)
+        mirror = TensorBoardMirror(self.log_dir)
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                while True:
+                    await self._tick(store, mirror, http)
+                    if self._stop.wait(self.interval_s):
+                        await self._tick(store, mirror, http)
+                        return
+        finally:
+            mirror.close()
+            await store.close()
+
+    async def _tick(self, store: Store, mirror: TensorBoardMirror, http: httpx.AsyncClient) -> None:
+        status = await _get_json(http, f"{self.orchestrator_url}/v1/status")
+        if status is not None:
+            await store.add_metrics("orchestrator", orchestrator_record(status))
+        mirror.write(await store.read_metrics(after=mirror.after, count=100_000))
+
+
+async def _get_json(http: httpx.AsyncClient, url: str) -> Optional[dict[str, Any]]:
+    try:
+        response = await http.get(url)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None

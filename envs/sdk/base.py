@@ -1,0 +1,76 @@
+"""The one interface an environment author implements: list tasks, run one episode.
+
+Everything else a service needs (HTTP app, capacity, cancellation, deadlines, registration, the
+sandbox) is supplied by the SDK around these two methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from asyncrl.protocols.env_service import EpisodeStatus
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from envs.sdk.sandbox import Sandbox
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What the request says about this episode, beyond the task id."""
+
+    episode_id: str
+    task_id: str
+    seed: int
+    max_turns: int
+    """Model calls the agent may make; agents stop asking after this many and report truncated."""
+    deadline_s: float
+    model: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """temperature, top_p, max_tokens and any extra sampling keys of the request."""
+
+    def completion_args(self) -> dict[str, Any]:
+        """Keyword arguments for `llm.chat.completions.create` besides messages and tools."""
+        typed = {k: self.sampling[k] for k in ("temperature", "top_p", "max_tokens") if k in self.sampling}
+        extra = {k: v for k, v in self.sampling.items() if k not in typed}
+        return {"model": self.model, **typed, **({"extra_body": extra} if extra else {})}
+
+
+@dataclass
+class EpisodeResult:
+    reward: float
+    status: EpisodeStatus = EpisodeStatus.completed
+    """completed, or truncated when the agent ran out of turns. Raise to report `failed`."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """JSON-serialisable details (parsed answer, verifier output, ...), returned to the caller."""
+
+
+class Environment(ABC):
+    """An environment: a set of tasks and an agent loop that plays one of them and scores it.
+
+    Subclasses take their options as keyword arguments of __init__ (the service's `options`).
+    Exceptions escaping run_episode mean the environment broke: the SDK reports status "failed".
+    """
+
+    name: ClassVar[str]
+    domain: ClassVar[str]
+    version: ClassVar[str] = "1"
+    requires_sandbox: ClassVar[bool] = False
+    """True when episodes execute agent-controlled code: the service then refuses to start without
+    an isolating sandbox unless the operator chose the unsafe local one."""
+
+    @abstractmethod
+    async def list_tasks(self) -> list[str]:
+        """All task ids, in a stable order (the orchestrator pages through them)."""
+
+    @abstractmethod
+    async def run_episode(self, task_id: str, llm: "AsyncOpenAI", sandbox: Optional["Sandbox"],
+                          ctx: EpisodeContext) -> EpisodeResult:
+        """Play task `task_id` with the model behind `llm` and return its reward.
+
+        `sandbox` is a fresh per-episode sandbox when `requires_sandbox`, else None. Model calls go
+        through `llm.chat.completions.create(messages=..., tools=..., **ctx.completion_args())`.
+        """

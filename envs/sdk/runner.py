@@ -1,0 +1,189 @@
+"""The life of an episode inside a service: admission, the env call, deadline, cancel, outcome.
+
+admit ──> play (LLM client + fresh sandbox + env.run_episode, under the deadline) ──> response
+            ├─ returns EpisodeResult       -> its status (completed / truncated)
+            ├─ deadline passes             -> truncated, info.reason = deadline_exceeded
+            ├─ POST .../cancel or drain    -> aborted
+            └─ raises                      -> failed, info.error (the environment broke)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from contextlib import asynccontextmanager, nullcontext
+from typing import AsyncIterator, Optional
+
+import httpx
+from openai import AsyncOpenAI
+
+from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
+from envs.sdk.metrics import ServiceMetrics
+from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, EpisodeStatus
+from envs.sdk.sandbox import SandboxBackend
+
+log = logging.getLogger("envs.runner")
+
+
+class AdmissionError(Exception):
+    status_code = 400
+
+
+class AtCapacity(AdmissionError):
+    status_code = 429
+
+
+class UnknownTask(AdmissionError):
+    status_code = 404
+
+
+class DuplicateEpisode(AdmissionError):
+    status_code = 409
+
+
+class Draining(AdmissionError):
+    status_code = 503
+
+
+class _TurnCounter:
+    """Counts chat completion requests sent to the endpoint: the episode's model calls."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def on_request(self, request: httpx.Request) -> None:
+        if request.url.path.endswith("/chat/completions"):
+            self.turns += 1
+
+
+class EpisodeRunner:
+    def __init__(self, env: Environment, capacity: int, sandboxes: Optional[SandboxBackend],
+                 metrics: ServiceMetrics, llm_max_retries: int = 1):
+        self.env = env
+        self.capacity = capacity
+        self.sandboxes = sandboxes
+        self.metrics = metrics
+        self.llm_max_retries = llm_max_retries
+        self.task_ids: list[str] = []
+        self._known_tasks: set[str] = set()
+        self._running: dict[str, asyncio.Task] = {}
+        self._draining = False
+
+    async def load_tasks(self) -> None:
+        self.task_ids = list(await self.env.list_tasks())
+        self._known_tasks = set(self.task_ids)
+        if len(self._known_tasks) != len(self.task_ids):
+            raise ValueError(f"{type(self.env).__name__}.list_tasks() returned duplicate task ids")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def admit(self, req: EpisodeRequest) -> None:
+        if self._draining:
+            raise Draining("the service is shutting down; send the episode elsewhere")
+        if req.episode_id in self._running:
+            raise DuplicateEpisode(f"episode_id {req.episode_id!r} is already running")
+        if req.task_id not in self._known_tasks:
+            raise UnknownTask(f"unknown task_id {req.task_id!r} (GET /tasks lists them)")
+        if len(self._running) >= self.capacity:
+            self.metrics.rejected.inc()
+            raise AtCapacity(f"at capacity: {self.capacity} episodes in flight")
+
+    async def run(self, req: EpisodeRequest) -> EpisodeResponse:
+        """Admit, play and report one episode; the caller's request stays open until it ends."""
+        self.admit(req)
+        started, counter = time.monotonic(), _TurnCounter()
+        play = asyncio.create_task(self._play(req, counter), name=f"episode-{req.episode_id}")
+        self._running[req.episode_id] = play
+        self.metrics.in_flight.set(len(self._running))
+        try:
+            result = await self._outcome(play)
+        finally:
+            del self._running[req.episode_id]
+            self.metrics.in_flight.set(len(self._running))
+        elapsed = time.monotonic() - started
+        self.metrics.finished(result.status, result.reward, counter.turns, elapsed)
+        log.info("episode=%s task=%s status=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id, req.task_id,
+                 result.status.value, result.reward, counter.turns, elapsed)
+        return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
+                               status=result.status, num_turns=counter.turns, info=_jsonable(result.info))
+
+    def cancel(self, episode_id: str) -> bool:
+        play = self._running.get(episode_id)
+        return play is not None and play.cancel()
+
+    def refuse_new(self) -> None:
+        """From now on admit() answers 503: the service is going away."""
+        self._draining = True
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new episodes, let running ones finish for up to grace_s, then abort the rest."""
+        self.refuse_new()
+        deadline = time.monotonic() + grace_s
+        while self._running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for episode_id in list(self._running):
+            self.cancel(episode_id)
+        while self._running:
+            await asyncio.sleep(0.02)
+
+    async def _outcome(self, play: asyncio.Task) -> EpisodeResult:
+        try:
+            return await play
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # the request itself is being torn down, not just this episode
+            return EpisodeResult(0.0, EpisodeStatus.aborted, {"reason": "cancelled"})
+
+    async def _play(self, req: EpisodeRequest, counter: _TurnCounter) -> EpisodeResult:
+        ctx = EpisodeContext(episode_id=req.episode_id, task_id=req.task_id, seed=req.seed, max_turns=req.max_turns,
+                             deadline_s=req.deadline_s, model=req.llm.model, sampling=req.llm.sampling.model_dump())
+        budget = asyncio.timeout(req.deadline_s)
+        try:
+            async with budget, self._llm(req, counter) as llm, self._sandbox(req.episode_id) as sandbox:
+                result = await self.env.run_episode(req.task_id, llm, sandbox, ctx)
+        except TimeoutError:
+            if not budget.expired():
+                raise
+            return EpisodeResult(0.0, EpisodeStatus.truncated, {"reason": "deadline_exceeded",
+                                                                "deadline_s": req.deadline_s})
+        except Exception as err:  # noqa: BLE001 - anything escaping the env means the env broke
+            log.exception("episode=%s task=%s failed", req.episode_id, req.task_id)
+            return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"{type(err).__name__}: {err}"})
+        return _checked(result, type(self.env).__name__)
+
+    @asynccontextmanager
+    async def _llm(self, req: EpisodeRequest, counter: _TurnCounter) -> AsyncIterator[AsyncOpenAI]:
+        http = httpx.AsyncClient(event_hooks={"request": [counter.on_request]},
+                                 timeout=httpx.Timeout(req.deadline_s, connect=10.0))
+        client = AsyncOpenAI(base_url=req.llm.base_url, api_key=req.llm.api_key or "none",
+                             max_retries=self.llm_max_retries, http_client=http)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+    def _sandbox(self, episode_id: str):
+        if not self.env.requires_sandbox:
+            return nullcontext(None)
+        return self.sandboxes.session(episode_id)
+
+
+def _checked(result: EpisodeResult, env_name: str) -> EpisodeResult:
+    """A result the protocol can carry, or a failed one saying what the env got wrong."""
+    if not isinstance(result, EpisodeResult):
+        return EpisodeResult(0.0, EpisodeStatus.failed,
+                             {"error": f"{env_name}.run_episode returned {type(result).__name__}, not EpisodeResult"})
+    if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+        return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"non-finite reward {result.reward!r}"})
+    if result.status not in (EpisodeStatus.completed, EpisodeStatus.truncated):
+        return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"env returned status {result.status.value!r}"})
+    return result
+
+
+def _jsonable(info: dict) -> dict:
+    return json.loads(json.dumps(info, default=str))

@@ -1,0 +1,124 @@
+"""`RolloutEngine`: the Ray actor that hosts one engine server process and keeps it healthy.
+
+The actor launches the configured backend (built-in CPU engine or SGLang) as a child process
+(asyncrl.supervisor), publishes its URL in Redis (`engines` hash), and checks /health_generate every
+`health_check_interval_s`; a failed or dead engine is killed and started again with the *current*
+weights (the `weights` hash the trainer writes at every push). If the actor itself dies, Ray restarts
+it (max_restarts=-1) and __init__ does the same: nothing but in-flight requests is lost, and the
+gateway re-routes those.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Optional
+
+from asyncrl.config import RolloutConfig
+from asyncrl.store import Store, run_sync
+from asyncrl.supervisor import Supervisor
+from rollout.backends import LaunchSpec, make_backend
+
+log = logging.getLogger("rollout.actor")
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (tests of the class itself)
+        return "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class RolloutEngine(Supervisor):
+    def __init__(self, cfg: RolloutConfig, engine_id: str, model_path: str, redis_url: str, run: str,
+                 work_dir: str, seed: int = 0, tokenizer_path: Optional[str] = None,
+                 bind_host: str = "127.0.0.1") -> None:
+        super().__init__(engine_id, work_dir, health_path="/health_generate",
+                         check_interval_s=cfg.health_check_interval_s, check_timeout_s=cfg.health_check_timeout_s,
+                         start_timeout_s=cfg.health_check_timeout_s * 10)
+        self.cfg, self.engine_id = cfg, engine_id
+        self.initial_model_path, self.tokenizer_path, self.seed = model_path, tokenizer_path, seed
+        self.redis_url, self.run = redis_url, run
+        self.backend = make_backend(cfg)
+        self.host = bind_host
+        self.public_host = _node_ip() if bind_host == "0.0.0.0" else bind_host
+        self.port = _free_port(bind_host)
+        self.weights: tuple[str, str] = (model_path, "0")
+        self.start()
+
+    def url(self) -> str:
+        return f"http://{self.public_host}:{self.port}"
+
+    def before_start(self) -> None:
+        self.weights = self._current_weights()
+
+    def command(self) -> list[str]:
+        path, version = self.weights
+        return self.backend.command(LaunchSpec(model_path=path, host=self.host, port=self.port, weight_version=version,
+                                               log_path=self.log_path, tokenizer_path=self.tokenizer_path,
+                                               seed=self.seed))
+
+    def environment(self) -> dict[str, str]:
+        self.backend.check_available()
+        return self.backend.environment()
+
+    def on_serving(self) -> None:
+        run_sync(self._with_store(lambda store: store.register_engine(self.engine_id, self.url())))
+
+    def shutdown(self, grace_s: float = 15.0) -> Optional[int]:
+        """Graceful: the engine aborts in-flight work on SIGTERM; the URL leaves the registry."""
+        code = super().shutdown(grace_s)
+        run_sync(self._with_store(lambda store: store.unregister_engine(self.engine_id)))
+        return code
+
+    def _current_weights(self) -> tuple[str, str]:
+        """(checkpoint path, version) the engine must serve: the last pushed snapshot, else the initial model."""
+        weights = run_sync(self._with_store(lambda store: store.get_weights()))
+        if weights.get("location") and Path(weights["location"]).exists():
+            return weights["location"], weights["version"]
+        return self.initial_model_path, "0"
+
+    async def _with_store(self, op):
+        store = Store.connect(self.redis_url, self.run)
+        try:
+            return await op(store)
+        finally:
+            await store.close()
+
+
+class EngineGroup:
+    """N `RolloutEngine` actors placed by Ray with the configured resources; restarted on death."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: str, redis_url: str, run: str, work_dir: str,
+                 seed: int = 0, tokenizer_path: Optional[str] = None) -> None:
+        import ray
+
+        actor_cls = ray.remote(RolloutEngine)
+        self.actors = [
+            actor_cls.options(name=f"{run}-engine-{i}", num_cpus=cfg.num_cpus_per_engine,
+                              num_gpus=cfg.num_gpus_per_engine, max_restarts=-1, max_task_retries=3,
+                              max_concurrency=4)
+            .remote(cfg, f"engine-{i}", model_path, redis_url, run, work_dir, seed + i, tokenizer_path)
+            for i in range(cfg.num_engines)
+        ]
+
+    def urls(self, timeout_s: float = 300.0) -> list[str]:
+        import ray
+
+        return ray.get([a.url.remote() for a in self.actors], timeout=timeout_s)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.get([a.shutdown.remote() for a in self.actors], timeout=60)
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)

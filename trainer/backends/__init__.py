@@ -1,0 +1,1 @@
+"""Trainer backends, keyed by `trainer.backend` (see base.py for the interface)."""

@@ -1,0 +1,97 @@
+"""The trainer backend boundary: what the RL loop needs from a training engine.
+
+A backend owns the model replica(s) and the optimizer. The loop (trainer/loop.py) hands it packed
+micro-batches of one optimizer step; it returns metrics. Everything crossing this boundary is
+token-level and HF-named, so backends (torch on CPU/GPU, megatron-core) are interchangeable.
+Register new backends in `BACKENDS` (keyed by `TrainerConfig.backend`); `make_backend` imports
+only the chosen one.
+
+Several processes (torchrun): the RL loop runs on the leader (rank 0) only and calls the methods
+below with the whole step; the backend distributes the work. Every other rank calls `follow()`,
+which executes the leader's calls until the leader calls `close()`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.model.config import ModelConfig
+from trainer.packing import MicroBatch
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    num_tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Loss metrics of the whole step (LossMetrics.summary(): masked fraction, mean ratio, mismatch KL,
+    entropy, ...) plus backend extras (e.g. indexer_kl)."""
+
+
+class TrainerBackend(ABC):
+    def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
+        self.cfg, self.model_cfg, self.seed = cfg, model, seed
+
+    def hf_config(self) -> ModelConfig:
+        """The architecture of the weights `hf_state_dict` returns (config.json of a weight snapshot)."""
+        return ModelConfig.from_pretrained(self.model_cfg.path) if self.model_cfg.path else self.model_cfg.arch
+
+    @property
+    def is_leader(self) -> bool:
+        """True on the process that runs the RL loop (rank 0)."""
+        return True
+
+    def follow(self) -> None:
+        """Ranks other than the leader: execute the leader's calls until it closes the backend."""
+
+    def close(self) -> None:
+        """Release the backend (and let followers return from `follow`)."""
+
+    @abstractmethod
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
+        """Forward/backward every micro-batch of the step (the leader passes all of them; the backend
+        splits them across data-parallel ranks), losses sharing `normalizer`, clip, one optimizer step.
+        The result is the whole step's (summed over ranks)."""
+
+    @abstractmethod
+    def logprobs(self, micro_batch: MicroBatch) -> torch.Tensor:
+        """[T] log-probs of the micro-batch's targets under the current weights (no grad)."""
+
+    @abstractmethod
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights with HF names (gathered across ranks): what is pushed to engines."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: Path) -> None:
+        """Write model + optimizer state into the new directory `path`. trainer/checkpoint.py makes it
+        atomic and durable (it writes a temporary directory, fsyncs, renames)."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore what `save_checkpoint` wrote (path visible to every rank)."""
+
+    @abstractmethod
+    def reset_optimizer(self) -> None:
+        """Drop optimizer moments (the GLM-5 paper's default after each weight push)."""
+
+
+BACKENDS: dict[str, str] = {
+    "torch": "trainer.backends.torch_backend:TorchBackend",
+    "megatron": "trainer.backends.megatron_backend:MegatronBackend",
+}
+"""`trainer.backend` -> "module:Class" of a TrainerBackend, imported only when chosen."""
+
+
+def make_backend(cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> TrainerBackend:
+    """The backend `cfg.backend` names (its module is imported now, so megatron only when chosen)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"trainer.backend {cfg.backend!r} not in {sorted(BACKENDS)}")
+    module, name = BACKENDS[cfg.backend].split(":")
+    return getattr(importlib.import_module(module), name)(cfg, model, seed)

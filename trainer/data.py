@@ -1,0 +1,130 @@
+"""The trainer's input: complete groups from Redis -> one optimizer step of packed micro-batches,
+acknowledged only once the caller says the step is durable.
+
+    loader = GroupLoader(store, consumer="trainer-0", config=cfg.trainer)
+    batch = await loader.next_step(weight_version)   # groups_per_step usable groups, packed
+    ...train on batch.micro_batches, make the step durable (checkpoint)...
+    await loader.commit(batch)                       # XACK its groups, exactly once
+
+Delivery guarantees (the "step ledger"):
+* A group is acknowledged only by `commit` of the batch that read it, and at most once.
+* A loader that dies before `commit` loses nothing: the groups stay pending in the consumer group;
+  a new loader with the same consumer name gets them first, one with another name claims them
+  after `claim_idle_ms` (Store.read_groups).
+* Several batches may be in flight (prefetching the next step): no group is in two of them.
+* The window between "durable" and XACK: store `batch.stream_ids` with the checkpoint and pass them
+  as `trained_stream_ids` on restart; such groups are then acknowledged without being trained again.
+* Dropped groups (stale, failed) are acknowledged with the step that saw them: consumed, not trained.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from asyncrl.config import TrainerConfig
+from asyncrl.store import Store
+from asyncrl.types import TrainingGroup
+from trainer.advantages import FilterStats, ScoredGroup, score_group
+from trainer.packing import MicroBatch, fill_ratio, pack
+
+
+@dataclass
+class StepBatch:
+    """Everything one optimizer step trains on, plus what must be acknowledged after it."""
+
+    step_id: int
+    """Sequence number of this batch within its loader (for logs)."""
+    weight_version: int
+    """Trainer weight version the staleness filter measured against."""
+    micro_batches: list[MicroBatch]
+    groups: list[TrainingGroup]
+    """Every group consumed by this step, including dropped ones (all acknowledged on commit)."""
+    stats: FilterStats
+    micro_batch_tokens: int
+    committed: bool = field(default=False, init=False)
+    num_loss_tokens: int = field(init=False)
+    num_loss_sequences: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_loss_tokens = sum(mb.num_loss_tokens for mb in self.micro_batches)
+        self.num_loss_sequences = sum(mb.num_loss_sequences for mb in self.micro_batches)
+
+    @property
+    def stream_ids(self) -> list[str]:
+        return [g.stream_id for g in self.groups]
+
+    @property
+    def fill_ratio(self) -> float:
+        return fill_ratio(self.micro_batches, self.micro_batch_tokens)
+
+    def normalizer(self, aggregation: str) -> int:
+        """Loss denominator shared by all micro-batches of the step (LossInputs.normalizer), so the
+        micro-batch losses sum to the loss of the whole step."""
+        return self.num_loss_tokens if aggregation == "token" else self.num_loss_sequences
+
+
+class GroupLoader:
+    """Reads groups through the consumer group `trainer` and keeps the ledger of unacknowledged steps."""
+
+    def __init__(self, store: Store, consumer: str, config: TrainerConfig, block_ms: int = 1000,
+                 claim_idle_ms: int = 60_000, trained_stream_ids: Iterable[str] = ()) -> None:
+        self.store = store
+        self.consumer = consumer
+        self.config = config
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self._trained = set(trained_stream_ids)
+        self._in_flight: set[str] = set()  # stream ids of groups in batches not committed yet
+        self._step_ids = itertools.count()
+
+    @property
+    def in_flight(self) -> int:
+        """Groups read into batches that are not committed yet."""
+        return len(self._in_flight)
+
+    async def next_step(self, weight_version: int) -> StepBatch:
+        """Block until `groups_per_step` usable groups are read; score, pack and return them."""
+        step_id = next(self._step_ids)
+        kept: list[ScoredGroup] = []
+        consumed: list[ScoredGroup] = []
+        try:
+            while len(kept) < self.config.groups_per_step:
+                for group in await self._read(self.config.groups_per_step - len(kept)):
+                    self._in_flight.add(group.stream_id)
+                    scored = score_group(group, weight_version, self.config.staleness_tau, self.config.advantage)
+                    consumed.append(scored)
+                    if scored.samples:
+                        kept.append(scored)
+        except BaseException:  # cancelled or failed: hand the groups back to the next call
+            self._in_flight.difference_update(scored.group.stream_id for scored in consumed)
+            raise
+        samples = [s for scored in kept for s in scored.samples]
+        return StepBatch(step_id, weight_version, pack(samples, self.config.micro_batch_tokens),
+                         [s.group for s in consumed], sum((s.stats for s in consumed), FilterStats()),
+                         self.config.micro_batch_tokens)
+
+    async def commit(self, batch: StepBatch) -> None:
+        """The step is durable: acknowledge its groups. Committing a batch again does nothing."""
+        if batch.committed:
+            return
+        await self.store.ack_groups(batch.groups)
+        batch.committed = True
+        self._in_flight.difference_update(batch.stream_ids)
+
+    async def _read(self, count: int) -> list[TrainingGroup]:
+        """Up to `count` groups not already in an uncommitted batch of this loader. Our own pending
+        entries (the in-flight ones among them) come back first from Store.read_groups, so ask for
+        enough to see past them; the in-flight ones are skipped without being fetched."""
+        groups = await self.store.read_groups(self.consumer, count + len(self._in_flight), block_ms=self.block_ms,
+                                              claim_idle_ms=self.claim_idle_ms, exclude=self._in_flight)
+        return await self._skip_trained(groups[:count])
+
+    async def _skip_trained(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
+        """Acknowledge (without training) groups a checkpoint says were trained before a crash."""
+        done = [g for g in groups if g.stream_id in self._trained]
+        if done:
+            await self.store.ack_groups(done)
+            self._trained.difference_update(g.stream_id for g in done)
+        return [g for g in groups if all(g is not d for d in done)]
