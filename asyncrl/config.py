@@ -84,7 +84,10 @@ class GatewayConfig:
     engine_timeout_s: float = 600.0
     health_interval_s: float = 2.0
     engine_urls: list[str] = field(default_factory=list)
-    """Engines to route over at start; the launcher may replace the set later (POST /engines)."""
+    """Engines to route over at start; the set may be replaced later (POST /engines)."""
+    engines_from_redis: bool = False
+    """Follow the run's engine registry (`engines` hash, rewritten by engine actors after each
+    restart) at every health round, instead of a fixed list."""
     tokenizer: Optional[str] = None
     """Tokenizer spec (see ModelSection.tokenizer); None = the run's model.tokenizer."""
     thinking: bool = True

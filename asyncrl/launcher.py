@@ -167,7 +167,7 @@ class Job:
         args = ["--redis-url", self.redis_url, "--run", self.cfg.name, "--tokenizer", self.cfg.model.tokenizer,
                 "--engine-timeout-s", str(g.engine_timeout_s), "--health-interval-s", str(g.health_interval_s),
                 "--load-factor", str(g.load_factor), "--max-request-bytes", str(g.max_request_bytes)]
-        args += [] if g.thinking else ["--no-thinking"]
+        args += ["--engines-from-redis"] + ([] if g.thinking else ["--no-thinking"])
         for url in self.engines.urls():
             args += ["--engine", url]
         return self._service("gateway", self.cfg.components.gateway, args, _token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token))

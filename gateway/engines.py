@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Awaitable, Callable, Iterable, Optional
 
 import httpx
 
@@ -45,8 +45,10 @@ class EngineState:
 
 class EnginePool:
     def __init__(self, urls: Iterable[str], timeout_s: float, load_factor: float, health_interval_s: float,
-                 virtual_nodes: int = 100) -> None:
+                 virtual_nodes: int = 100, registry: Optional[Callable[[], Awaitable[dict[str, str]]]] = None) -> None:
+        """`registry`: when given, the engine set follows it (engine_id -> URL) at every health round."""
         self.timeout_s = timeout_s
+        self.registry = registry
         self.load_factor = load_factor
         self.health_interval_s = health_interval_s
         # One connection pool for every engine (aiohttp for unary calls, the hot path; httpx for
@@ -102,8 +104,19 @@ class EnginePool:
                 log.warning("engine %s failed %d health checks in a row", engine.url, engine.failed_checks)
                 engine.healthy = False
 
+    async def follow_registry(self) -> None:
+        urls = sorted(set((await self.registry()).values()))
+        if urls and set(urls) != set(self.engines):
+            log.info("engine registry changed: routing over %s", urls)
+            self.set_engines(urls)
+
     async def _health_loop(self) -> None:
         while True:
+            try:
+                if self.registry is not None:
+                    await self.follow_registry()
+            except Exception:  # a Redis hiccup: keep the current set
+                log.exception("reading the engine registry failed")
             await asyncio.sleep(self.health_interval_s)
             try:
                 await self.check_health()

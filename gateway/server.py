@@ -47,7 +47,8 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Store]) -> FastAPI:
-    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s)
+    registry = store.engines if (cfg.engines_from_redis and store is not None) else None
+    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry)
     metrics = GatewayMetrics(lambda: registry.active, lambda: sum(e.healthy for e in pool.engines.values()))
     runner = TurnRunner(pool, metrics, cfg.max_interruptions)
     registry = SessionRegistry(cfg, runner, store, metrics)
@@ -156,6 +157,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
 def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
     p = argparse.ArgumentParser(prog="asyncrl gateway serve", description=__doc__)
     p.add_argument("--engine", dest="engine_urls", action="append", default=[], help="engine base URL (repeat)")
+    p.add_argument("--engines-from-redis", action="store_true",
+                   help="follow the run's engine registry in Redis (engine actors rewrite it after restarts)")
     p.add_argument("--tokenizer", default=BUILTIN_TINY, help="tokenizer.json, a model dir, or builtin:tiny")
     p.add_argument("--no-thinking", dest="thinking", action="store_false", help="GLM non-thinking generation prompt")
     p.add_argument("--redis-url", help="Redis of the run (finished trajectories go there)")
