@@ -11,6 +11,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
+    "orchestrator serve": ("orchestrator.server:main", "serve the orchestrator (env registry, scheduler, retries)"),
+    "env register": ("orchestrator.cli:register", "register an env service with the orchestrator (it probes /health)"),
+    "env list": ("orchestrator.cli:list_envs", "list the env services an orchestrator knows"),
+    "env remove": ("orchestrator.cli:remove", "deregister an env service (its running episodes finish)"),
 }
 
 
