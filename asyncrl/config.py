@@ -106,6 +106,8 @@ class OrchestratorConfig:
     """Seeds the task order of every env and the episodes' seeds."""
     max_in_flight: int = 1024
     """Episodes running at env services at once, over all envs."""
+    max_groups: Optional[int] = None
+    """Start at most this many groups in the run, then finish them (evaluation runs, tests); None = forever."""
     group_size: int = 8
     """GRPO group: episodes of one task, one gateway session each."""
     max_attempts: int = 3
@@ -124,7 +126,8 @@ class OrchestratorConfig:
     rate_limits: dict[str, float] = field(default_factory=dict)
     """Episodes per second per env name; missing = unlimited."""
     max_unconsumed_groups: int = 256
-    """Backpressure: new groups wait while this many complete groups wait for the trainer (0 = off)."""
+    """Backpressure: new groups wait while complete groups the trainer has not consumed plus open groups
+    reach this many (0 = off). Keep it above max_in_flight / group_size, or it caps the groups in flight."""
     staleness_limit: Optional[int] = None
     """Backpressure: start group n only while n < (weight_version + staleness_limit + 1) * groups_per_step,
     so no group is generated more than this many weight versions ahead of the trainer (None = off)."""

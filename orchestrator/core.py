@@ -25,7 +25,7 @@ from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, Episo
 from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, RegisterRequest,
                                             StatusResponse)
 from asyncrl.store import Store
-from orchestrator.backpressure import Backpressure
+from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
 from orchestrator.counters import Counters
 from orchestrator.envclient import EnvClient, Outcome
 from orchestrator.groups import Group, Member, MemberState
@@ -57,13 +57,22 @@ class Orchestrator:
         self.envs = EnvClient(self.http)
         self.sessions = make_sessions(cfg, self.http)
         self.ledger = Ledger(store, self.counters.to_meta)
-        self.backpressure = Backpressure(cfg, store, lambda: self.counters.ordinal, self.wake)
+        self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)
         self._running: dict[str, dict[str, tuple[Group, Member, asyncio.Task]]] = {}
         """env_id -> episode_id -> the attempt running at that service."""
         self._wake = asyncio.Event()
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
         self._background: set[asyncio.Task] = set()
+
+    def _signals(self) -> list[Signal]:
+        signals: list[Signal] = []
+        if self.cfg.max_unconsumed_groups > 0:
+            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.counters.total("groups"),
+                                            lambda: self.ledger.groups_recorded, lambda: len(self.groups)))
+        if self.cfg.staleness_limit is not None:
+            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, lambda: self.counters.ordinal))
+        return signals
 
     # Events ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -80,7 +89,7 @@ class Orchestrator:
 
     @property
     def pause_reasons(self) -> list[str]:
-        return sorted(self.backpressure.reasons | ({"operator"} if self.operator_paused else set()))
+        return (["operator"] if self.operator_paused else []) + self.backpressure.reasons()
 
     # Dispatch loop --------------------------------------------------------------------------------
     async def dispatch_forever(self) -> None:
@@ -102,7 +111,7 @@ class Orchestrator:
         overhead is measured from max(when it became ready, trigger) to its POST on the wire."""
         now = time.monotonic()
         while not self.operator_paused:
-            decision = self.scheduler.next(now, new_groups=not self.backpressure.reasons)
+            decision = self.scheduler.next(now, new_groups=self._new_groups_allowed())
             if decision is None:
                 break
             if decision.member is None:
@@ -112,6 +121,10 @@ class Orchestrator:
                 self._launch(decision.queue, group, member, now, trigger)
         self.metrics.queued.set(self.scheduler.queued)
         return self.scheduler.wake_in(now)
+
+    def _new_groups_allowed(self) -> bool:
+        limit = self.cfg.max_groups
+        return (limit is None or self.counters.ordinal < limit) and not self.backpressure.reasons()
 
     def _start_group(self, q: EnvQueue, now: float, trigger: float) -> None:
         cursor = self.counters.cursors.get(q.name, 0)

@@ -63,7 +63,8 @@ class Ledger:
         self._kick = asyncio.Event()
         self._next: asyncio.Future = asyncio.get_running_loop().create_future()
         self._current: Optional[asyncio.Future] = None
-        self.flushes = 0
+        self.groups_recorded = 0
+        """GroupRecords this ledger has written to the `groups` stream."""
 
     def key(self, name: str) -> str:
         return self.store.key(f"orch:{name}")
@@ -140,7 +141,7 @@ class Ledger:
             record.created_at = time.time()
         meta = self.meta()
         await self._execute(lambda pipe: self._queue_batch(pipe, states, records, beats, meta))
-        self.flushes += 1
+        self.groups_recorded += len(records)
         self._in_batch = set()
         self._current.set_result(None)
 

@@ -40,9 +40,10 @@ class Runtime:
         loop_of = lambda coro, name: asyncio.create_task(coro, name=name)  # noqa: E731
         self._loops.append(loop_of(self.orch.ledger.write_forever(), "ledger"))
         await restore(self.orch, await self.orch.ledger.load())
+        await self.orch.backpressure.refresh()
         self._loops += [loop_of(self.orch.dispatch_forever(), "dispatch"),
                         loop_of(HealthMonitor(self.orch).run_forever(), "health"),
-                        loop_of(self.orch.backpressure.poll_forever(), "backpressure"),
+                        loop_of(self.orch.backpressure.refresh_forever(), "backpressure"),
                         loop_of(self._keep_lease(), "lease"),
                         loop_of(self._publish_metrics(), "metrics")]
         for task in self._loops:

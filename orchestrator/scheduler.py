@@ -138,8 +138,13 @@ class Scheduler:
         best: Optional[Decision] = None
         for q in self.queues.values():
             decision = self._eligible(q, now, new_groups)
-            if decision is not None and (best is None or q.pass_ < best.queue.pass_):
+            if decision is None:
+                continue
+            q.pass_ = max(q.pass_, self._vtime - self.group_size / q.weight)  # bounded catch-up after a stall
+            if best is None or q.pass_ < best.queue.pass_:
                 best = decision
+        if best is not None:
+            self._vtime = max(self._vtime, best.queue.pass_)
         return best
 
     def _eligible(self, q: EnvQueue, now: float, new_groups: bool) -> Optional[Decision]:
@@ -148,7 +153,10 @@ class Scheduler:
             ok = room >= 1 and q.free_slots(now) >= 1 and (q.bucket is None or q.bucket.wait_s(1, now) == 0)
             return Decision(q, q.pending[0]) if ok else None
         n = self.group_size
-        if not new_groups or q.tasks is None or room < n or q.free_slots(now) < min(n, self._capacity(q)):
+        if not new_groups or q.tasks is None or room < n:
+            return None
+        capacity = self._capacity(q)  # an env smaller than a group starts one when it is empty
+        if capacity == 0 or q.free_slots(now) < min(n, capacity):
             return None
         if q.bucket is not None and q.bucket.wait_s(n, now) > 0:
             return None
@@ -160,8 +168,6 @@ class Scheduler:
 
     def charge(self, q: EnvQueue, episodes: int, now: float) -> None:
         """Account a dispatch of `episodes` from q (rate tokens, rotation)."""
-        q.pass_ = max(q.pass_, self._vtime - self.group_size / q.weight)
-        self._vtime = q.pass_
         q.pass_ += episodes / q.weight
         if q.bucket is not None:
             q.bucket.take(episodes, now)

@@ -126,6 +126,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
                  "groups_per_step", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     p.add_argument("--staleness-limit", type=int, default=None)
+    p.add_argument("--max-groups", type=int, default=None, help="start this many groups, then only finish them")
     for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "episode_timeout_s", "request_grace_s",
                  "backpressure_interval_s", "lease_ttl_s"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
@@ -143,7 +144,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
         gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
         sampling=SamplingConfig(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_tokens),
-        domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit,
+        domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit, max_groups=a.max_groups,
         **{k: getattr(a, k) for k in ("max_in_flight", "group_size", "max_attempts", "max_turns", "seed",
                                        "max_unconsumed_groups", "groups_per_step", "heartbeat_interval_s",
                                        "heartbeat_timeout_s", "episode_timeout_s", "request_grace_s",

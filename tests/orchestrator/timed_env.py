@@ -8,7 +8,10 @@ scores 1.0 when the first reply contains the task's answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
+from pathlib import Path
 
 from envs.sdk import Environment, EpisodeResult
 
@@ -17,19 +20,39 @@ class TimedEnv(Environment):
     name = "timed"
     domain = "test"
 
-    def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50):
+    def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = ""):
         self.sleep_s, self.llm_turns, self.num_tasks = sleep_s, llm_turns, num_tasks
+        self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
+        """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
+
+    def note(self, event: str, ctx, **extra) -> None:
+        if self.journal is not None:
+            entry = {"event": event, "at": time.time(), "pid": os.getpid(), "episode_id": ctx.episode_id,
+                     "task_id": ctx.task_id, "seed": ctx.seed, **extra}
+            with self.journal.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
 
     async def list_tasks(self) -> list[str]:
         return [f"t-{i:04d}" for i in range(self.num_tasks)]
 
     async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
-        replies = []
+        base_url = str(llm.base_url)
+        self.note("start", ctx, base_url=base_url)
+        outcome = "cancelled"
+        try:
+            replies = await self.talk(task_id, llm, ctx)
+            await asyncio.sleep(self.sleep_s)
+            outcome = "completed"
+        finally:
+            self.note("end", ctx, base_url=base_url, outcome=outcome)
+        reward = 1.0 if replies and task_id in replies[0] else 0.0
+        return EpisodeResult(reward=reward, info={"pid": os.getpid(), "seed": ctx.seed})
+
+    async def talk(self, task_id: str, llm, ctx) -> list[str]:
+        replies: list[str] = []
         messages = [{"role": "user", "content": f"Say {task_id}."}]
         for _ in range(min(self.llm_turns, ctx.max_turns)):
             response = await llm.chat.completions.create(messages=messages, **ctx.completion_args())
             replies.append(response.choices[0].message.content or "")
             messages += [{"role": "assistant", "content": replies[-1]}, {"role": "user", "content": "Again."}]
-        await asyncio.sleep(self.sleep_s)
-        reward = 1.0 if replies and task_id in replies[0] else 0.0
-        return EpisodeResult(reward=reward, info={"pid": os.getpid(), "seed": ctx.seed})
+        return replies
