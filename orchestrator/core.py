@@ -205,6 +205,8 @@ class Orchestrator:
         else:
             error = outcome.error or f"env status {response.status.value}: {response.info.get('error', '')}"
             log.warning("episode %s on %s failed: %s", group.episode_id(member), service.url, error[:300])
+            if outcome.connection_failed:  # do not wait for missed heartbeats to stop sending it work
+                self.unhealthy(service, "connection failed")
             await self._fail(group, member, "env_failed" if response else "error", error, response)
 
     async def _record(self, group: Group, member: Member, response: EpisodeResponse) -> None:

@@ -42,7 +42,12 @@ def client_session(max_connections: int = 0) -> aiohttp.ClientSession:
 
 
 class HTTPFailure(Exception):
-    """A request that did not produce an answer (connection refused or reset, timeout)."""
+    """A request that did not produce an answer: the connection failed (refused, reset, closed by a
+    dying server) or, with `timed_out`, the answer took longer than the request's timeout."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 async def request_json(http: aiohttp.ClientSession, method: str, url: str, body: Any = None,
@@ -54,7 +59,9 @@ async def request_json(http: aiohttp.ClientSession, method: str, url: str, body:
         async with http.request(method, url, data=data, headers={**JSON, **(headers or {})},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s), trace_request_ctx=trace) as resp:
             raw = await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+    except asyncio.TimeoutError:
+        raise HTTPFailure(f"{method} {url}: no answer within {timeout_s:g}s", timed_out=True) from None
+    except (aiohttp.ClientError, OSError) as err:
         raise HTTPFailure(f"{method} {url}: {type(err).__name__}: {err}") from None
     try:
         return resp.status, orjson.loads(raw) if raw else None

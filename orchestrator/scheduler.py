@@ -64,11 +64,14 @@ class EnvQueue:
         return sum(s.free for s in self.services.values() if s.available(now))
 
     def pick_service(self, now: float, avoid: Optional[str] = None) -> Optional[Service]:
-        """The available service with the most free slots; `avoid` (where the episode just failed)
-        only when it is the only one."""
+        """The available service with the most free slots. `avoid` (where the episode just failed)
+        is skipped while the env has another healthy service, even a full one: better wait for it."""
+        if avoid is not None and not any(s.healthy and not s.removed for s in self.services.values()
+                                         if s.env_id != avoid):
+            avoid = None
         best = None
         for s in self.services.values():
-            if s.available(now) and (best is None or (s.env_id != avoid, s.free) > (best.env_id != avoid, best.free)):
+            if s.available(now) and s.env_id != avoid and (best is None or s.free > best.free):
                 best = s
         return best
 
@@ -150,7 +153,9 @@ class Scheduler:
     def _eligible(self, q: EnvQueue, now: float, new_groups: bool) -> Optional[Decision]:
         room = self.max_in_flight - self.in_flight
         if q.pending:
-            ok = room >= 1 and q.free_slots(now) >= 1 and (q.bucket is None or q.bucket.wait_s(1, now) == 0)
+            _, member = q.pending[0]
+            ok = room >= 1 and q.pick_service(now, avoid=member.service) is not None and \
+                (q.bucket is None or q.bucket.wait_s(1, now) == 0)
             return Decision(q, q.pending[0]) if ok else None
         n = self.group_size
         if not new_groups or q.tasks is None or room < n:

@@ -20,8 +20,10 @@ class TimedEnv(Environment):
     name = "timed"
     domain = "test"
 
-    def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = ""):
-        self.sleep_s, self.llm_turns, self.num_tasks = sleep_s, llm_turns, num_tasks
+    def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
+                 broken: bool = False):
+        self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
+        """broken: every episode raises after its sleep (the service reports status failed)."""
         self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
         """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
 
@@ -42,6 +44,9 @@ class TimedEnv(Environment):
         try:
             replies = await self.talk(task_id, llm, ctx)
             await asyncio.sleep(self.sleep_s)
+            if self.broken:
+                outcome = "broken"
+                raise RuntimeError("planted failure: this service is broken")
             outcome = "completed"
         finally:
             self.note("end", ctx, base_url=base_url, outcome=outcome)
