@@ -34,6 +34,7 @@ class HealthMonitor:
         self.tick_s = min(1.0, self.interval_s / 4)
         self._probed: dict[str, float] = {}
         self._loading: set[str] = set()
+        self._tasks_failed_at: dict[str, float] = {}
 
     async def run_forever(self) -> None:
         while True:
@@ -49,7 +50,8 @@ class HealthMonitor:
             self.orch.unhealthy(service, f"no heartbeat for {self.orch.cfg.heartbeat_timeout_s:g}s")
         await self._forget_dead(time.time())
         for q in self.orch.scheduler.queues.values():
-            if q.tasks is None and q.name not in self._loading:
+            retry_at = self._tasks_failed_at.get(q.name, 0.0) + max(1.0, self.interval_s)
+            if q.tasks is None and q.name not in self._loading and time.time() >= retry_at:
                 self._loading.add(q.name)
                 self.orch.spawn(self._load_tasks(q))
 
@@ -77,5 +79,6 @@ class HealthMonitor:
                 log.info("env %s: %d tasks (from %s)", q.name, len(q.tasks.task_ids), service.url)
                 self.orch.wake()
                 return
+            self._tasks_failed_at[q.name] = time.time()
         finally:
             self._loading.discard(q.name)

@@ -21,6 +21,7 @@ from asyncrl.types import GroupRecord
 from tests.envs.service_process import ServiceProcess as EnvProcess
 from tests.services import ServiceProcess
 
+ROOT_DIR = Path(__file__).resolve().parents[2]
 TIMED_ENV = "tests.orchestrator.timed_env.TimedEnv"
 FAST = ["--heartbeat-interval-s", "0.3", "--heartbeat-timeout-s", "3", "--lease-ttl-s", "2",
         "--backpressure-interval-s", "0.2", "--max-unconsumed-groups", "0"]
