@@ -205,8 +205,8 @@ class Orchestrator:
         else:
             error = outcome.error or f"env status {response.status.value}: {response.info.get('error', '')}"
             log.warning("episode %s on %s failed: %s", group.episode_id(member), service.url, error[:300])
-            if outcome.connection_failed:  # do not wait for missed heartbeats to stop sending it work
-                self.unhealthy(service, "connection failed")
+            if outcome.unreachable:  # do not wait for missed heartbeats to stop sending it work
+                self.unhealthy(service, "unreachable")
             await self._fail(group, member, "env_failed" if response else "error", error, response)
 
     async def _record(self, group: Group, member: Member, response: EpisodeResponse) -> None:
@@ -335,7 +335,10 @@ class Orchestrator:
         log.info("dispatch %s by the operator", "paused" if paused else "resumed")
         self.wake()
 
-    def status(self) -> StatusResponse:
+    def status(self, overhead_since: Optional[float] = None) -> StatusResponse:
+        """`overhead_since`: unix time from which dispatch overheads are summarised (default: the rate window)."""
+        if overhead_since is None:
+            overhead_since = time.time() - self.cfg.rate_window_s
         by_env = {}
         for name, q in self.scheduler.queues.items():
             c = self.counters.by_env[name]
@@ -348,7 +351,7 @@ class Orchestrator:
             groups_completed=self.counters.total("groups"), groups_open=len(self.groups),
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
             weight_version=self.backpressure.weight_version, paused=bool(self.pause_reasons),
-            pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary()),
+            pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),
             by_env=by_env)
 
     async def close(self) -> None:

@@ -25,8 +25,8 @@ class Outcome:
     kind: Literal["result", "refused", "error"]
     response: Optional[EpisodeResponse] = None
     error: str = ""
-    connection_failed: bool = False
-    """The service could not be reached or dropped the connection: it is probably down."""
+    unreachable: bool = False
+    """No connection to the service could be made: it is down."""
 
 
 class EnvClient:
@@ -39,7 +39,7 @@ class EnvClient:
             status, body = await request_json(self.http, "POST", f"{url}/episodes", request.model_dump(mode="json"),
                                               timeout_s, trace=clock)
         except HTTPFailure as err:
-            return Outcome("error", error=str(err), connection_failed=not err.timed_out)
+            return Outcome("error", error=str(err), unreachable=err.unreachable)
         if status in REFUSALS:
             return Outcome("refused", error=f"{status} {body}")
         if status != 200:

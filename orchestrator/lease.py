@@ -18,7 +18,11 @@ from asyncrl.store import Store
 
 log = logging.getLogger("orchestrator.lease")
 
-RENEW = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"""
+RENEW = """local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0"""
+"""Extend our lease; if it expired (a stalled loop) and nobody took it, take it again."""
 RELEASE = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -31,12 +32,16 @@ class OrchestratorMetrics:
                                   buckets=EPISODE_BUCKETS, registry=r)
         self.reward = Histogram("asyncrl_orch_reward", "Rewards of usable episodes", ["env"],
                                 buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=r)
-        self.recent_overheads: deque[float] = deque(maxlen=overhead_window)
+        self._overheads = np.zeros((overhead_window, 2))
+        """Ring buffer of (unix time, seconds) of the latest dispatches (percentiles without sorting lists)."""
+        self._overhead_count = 0
         self._finishes: deque[float] = deque()
 
     def dispatched(self, overhead_s: float) -> None:
         self.overhead.observe(overhead_s)
-        self.recent_overheads.append(overhead_s)
+        row = self._overhead_count % len(self._overheads)
+        self._overheads[row, 0], self._overheads[row, 1] = time.time(), overhead_s
+        self._overhead_count += 1
 
     def finished(self, now: float) -> None:
         self._finishes.append(now)
@@ -47,9 +52,11 @@ class OrchestratorMetrics:
             self._finishes.popleft()
         return len(self._finishes) / window_s
 
-    def overhead_summary(self) -> dict[str, float]:
-        values = sorted(self.recent_overheads)
-        if not values:
+    def overhead_summary(self, since: float = 0.0) -> dict[str, float]:
+        """Percentiles of the recent dispatches made after unix time `since`."""
+        recent = self._overheads[:min(self._overhead_count, len(self._overheads))]
+        values = recent[recent[:, 0] >= since, 1]
+        if not len(values):
             return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-        pick = lambda q: 1000 * values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
-        return {"count": len(values), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": 1000 * values[-1]}
+        p50, p99 = np.percentile(values, [50, 99], method="higher")
+        return {"count": int(len(values)), "p50_ms": 1000 * p50, "p99_ms": 1000 * p99, "max_ms": 1000 * values.max()}

@@ -51,15 +51,16 @@ class Runtime:
         return self.orch
 
     async def stop(self) -> None:
+        log.info("stopping: no new dispatches; running episodes stay recorded as running for the next start")
         writer, loops = self._loops[0], self._loops[1:]
         for task in loops:
             task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
-        await self.orch.close()
-        await self.orch.ledger.sync()
+        await _bounded("stopping the loops", asyncio.gather(*loops, return_exceptions=True))
+        await _bounded("stopping the attempts", self.orch.close())
+        await _bounded("flushing state to Redis", self.orch.ledger.sync())
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
-        await self.lease.release()
+        await _bounded("releasing the lease", self.lease.release())
         await self.store.close()
         log.info("stopped; %d open groups stay in Redis for the next start", len(self.orch.groups))
 
@@ -78,6 +79,14 @@ class Runtime:
                 await self.store.add_metrics("orchestrator", values)
             except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down
                 log.warning("publishing metrics failed: %r", err)
+
+
+async def _bounded(step: str, awaitable, timeout_s: float = 10.0) -> None:
+    """Shutdown must end: a step that hangs is logged and skipped (what it left is recovered on restart)."""
+    try:
+        await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError:
+        log.error("shutdown: %s took over %.0fs; skipped", step, timeout_s)
 
 
 def _crash_if_failed(task: asyncio.Task) -> None:

@@ -82,8 +82,9 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
         return RemoveResponse(env_id=env_id, removed=True, draining=removed[1])
 
     @app.get("/v1/status", dependencies=v1)
-    async def status(request: Request) -> StatusResponse:
-        return orch(request).status()
+    async def status(request: Request, overhead_since: Optional[float] = None) -> StatusResponse:
+        """`overhead_since` (unix time): summarise the dispatches made after it (default: the last rate_window_s)."""
+        return orch(request).status(overhead_since)
 
     @app.post("/v1/pause", dependencies=v1)
     async def pause(request: Request) -> PauseResponse:

@@ -88,7 +88,9 @@ class EnvStatus(BaseModel):
 
 
 class OverheadSummary(BaseModel):
-    """Scheduling overhead of recent dispatches: from "episode ready" to its POST written to the socket."""
+    """Scheduling overhead of the dispatches of the last `rate_window_s` (or after `?overhead_since=`, within
+    the last 100k): from the episode being dispatchable (ready, and the event that freed its slot seen)
+    to its POST on the wire."""
 
     count: int
     p50_ms: float

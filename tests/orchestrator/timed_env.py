@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import time
 from pathlib import Path
 
@@ -21,9 +22,11 @@ class TimedEnv(Environment):
     domain = "test"
 
     def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
-                 broken: bool = False):
+                 broken: bool = False, jitter: float = 0.0):
         self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
         """broken: every episode raises after its sleep (the service reports status failed)."""
+        self.jitter = jitter
+        """Sleep uniformly in sleep_s * (1 +- jitter), drawn from the episode seed (desynchronises load)."""
         self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
         """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
 
@@ -43,7 +46,7 @@ class TimedEnv(Environment):
         outcome = "cancelled"
         try:
             replies = await self.talk(task_id, llm, ctx)
-            await asyncio.sleep(self.sleep_s)
+            await asyncio.sleep(self.sleep_s * (1 + self.jitter * (2 * random.Random(ctx.seed).random() - 1)))
             if self.broken:
                 outcome = "broken"
                 raise RuntimeError("planted failure: this service is broken")
