@@ -49,12 +49,14 @@ GROUP_SIZE = 8
 class Proc:
     """A child serving on 127.0.0.1 port 0 that writes its URL to --url-file."""
 
-    def __init__(self, workdir: Path, name: str, argv: list[str]) -> None:
+    def __init__(self, workdir: Path, name: str, argv: list[str], nice: int = 0) -> None:
         self.url_file = workdir / f"{name}.url"
+        self.url_file.unlink(missing_ok=True)
         self.log = open(workdir / f"{name}.log", "wb")
         self.popen = subprocess.Popen([*argv, "--port", "0", "--url-file", str(self.url_file)], cwd=ROOT,
                                       stdout=self.log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
         self.ps = psutil.Process(self.popen.pid)
 
     def wait_url(self, timeout_s: float = 120.0) -> str:
@@ -101,13 +103,13 @@ def measure_window(cpu_procs: dict[str, list[Proc]], window_s: float, sample) ->
 
 
 def bench_orchestrator(workdir: Path, concurrency: int, services: list[str], env_procs: list[Proc],
-                       sleep_s: float, window_s: float) -> dict:
+                       sleep_s: float, window_s: float, nice: int) -> dict:
     redis = EmbeddedRedis(workdir / "redis").start()
     orch = Proc(workdir, "orchestrator", [
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis.url, "--run", f"bench{concurrency}",
         "--llm-url", "http://127.0.0.1:9/v1", "--max-in-flight", str(concurrency), "--group-size", str(GROUP_SIZE),
         "--max-unconsumed-groups", "0", "--heartbeat-interval-s", "5", "--heartbeat-timeout-s", "60",
-        "--episode-timeout-s", str(10 * sleep_s), "--log-level", "WARNING"])
+        "--episode-timeout-s", str(10 * sleep_s), "--log-level", "WARNING"], nice=nice)
     try:
         http = httpx.Client(base_url=orch.wait_url(), timeout=60)
         for url in services:
@@ -186,7 +188,9 @@ async def bare_dispatcher(args: argparse.Namespace) -> None:
         Path(args.url_file).write_text("bare://running")
         while True:
             await asyncio.sleep(0.5)
-            Path(args.count_file).write_text(str(done))
+            tmp = Path(args.count_file).with_suffix(".tmp")
+            tmp.write_text(str(done))
+            tmp.replace(args.count_file)
             if any(w.done() for w in workers):
                 raise RuntimeError(next(w for w in workers if w.done()).exception())
 
@@ -194,13 +198,13 @@ async def bare_dispatcher(args: argparse.Namespace) -> None:
 def to_markdown(report: dict) -> str:
     lines = [f"# Orchestrator benchmark\n\nCommand: `{report['command']}`\n\nMachine: {report['machine']}. "
              f"{report['method']}\n",
-             "| in flight | episode s | episodes/s | in flight min/mean | overhead p50 / p99 / max ms | "
+             "| in flight | orch nice | episode s | episodes/s | in flight min/mean | overhead p50 / p99 / max ms | "
              "orch CPU cores | orch CPU ms/episode | orch peak RSS MB | bare CPU ms/episode | orch/bare CPU | "
              "env services CPU cores | load before/after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         o, b = r["orchestrator"], r["bare"]
-        lines.append(f"| {r['concurrency']} | {r['episode_s']} | {o['episodes_per_s']} | {o['in_flight_min']} / "
+        lines.append(f"| {r['concurrency']} | {r['orchestrator_nice']:+d} | {r['episode_s']} | {o['episodes_per_s']} | {o['in_flight_min']} / "
                      f"{o['in_flight_mean']} | {o['overhead_p50_ms']} / {o['overhead_p99_ms']} / {o['overhead_max_ms']} | "
                      f"{o['orchestrator_cpu_cores']} | {o['orchestrator_cpu_ms_per_episode']} | "
                      f"{o['orchestrator_peak_rss_mb']} | {b['cpu_ms_per_episode']} | {r['orch_over_bare_cpu']} | "
@@ -218,6 +222,9 @@ def main() -> None:
     p.add_argument("--services", type=int, default=4)
     p.add_argument("--window-s", type=float, default=30.0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "orchestrator_bench"))
+    p.add_argument("--orchestrator-nice", type=int, nargs="+", default=[0],
+                   help="niceness increments of the orchestrator process to run (negative = priority over the env "
+                        "services and everything else on the machine)")
     p.add_argument("--keep-logs", help="write the processes' logs under this directory (default: a temporary one)")
     p.add_argument("--service", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--count-file", help=argparse.SUPPRESS)
@@ -229,7 +236,7 @@ def main() -> None:
         asyncio.run(bare_dispatcher(args))
         return
     runs = []
-    for concurrency in args.concurrency:
+    for concurrency, nice in itertools.product(args.concurrency, args.orchestrator_nice):
         sleep_s = round(concurrency / args.rate, 2)
         with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
             workdir = Path(args.keep_logs or tmp) / str(concurrency)
@@ -237,13 +244,14 @@ def main() -> None:
             load_before = round(os.getloadavg()[0], 1)
             env_procs, urls = start_services(workdir, args.services, math.ceil(concurrency / args.services), sleep_s)
             try:
-                orchestrator = bench_orchestrator(workdir, concurrency, urls, env_procs, sleep_s, args.window_s)
+                orchestrator = bench_orchestrator(workdir, concurrency, urls, env_procs, sleep_s, args.window_s, nice)
                 bare = bench_bare(workdir, concurrency, urls, env_procs, sleep_s, args.window_s)
             finally:
                 for proc in env_procs:
                     proc.stop()
         ratio = orchestrator["orchestrator_cpu_ms_per_episode"] / max(bare["cpu_ms_per_episode"], 1e-9)
-        runs.append({"concurrency": concurrency, "episode_s": sleep_s, "orchestrator": orchestrator, "bare": bare,
+        runs.append({"concurrency": concurrency, "orchestrator_nice": nice, "episode_s": sleep_s,
+                     "orchestrator": orchestrator, "bare": bare,
                      "orch_over_bare_cpu": round(ratio, 2), "load_before": load_before,
                      "load_after": round(os.getloadavg()[0], 1)})
         print(json.dumps(runs[-1]), flush=True)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import resource
@@ -48,6 +49,7 @@ class Runtime:
                         loop_of(self._publish_metrics(), "metrics")]
         for task in self._loops:
             task.add_done_callback(_crash_if_failed)
+        gc.freeze()  # modules and startup state never die: later collections do not scan them again
         return self.orch
 
     async def stop(self) -> None:
