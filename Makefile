@@ -1,12 +1,17 @@
 # Two entry points for a fresh machine (see README):
 #   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
 #   make test   installs everything, then runs the test suite
+# Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
 PYTHON ?= python3
 VENV   ?= .venv
 PIP    := $(VENV)/bin/python -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench megatron clean
+MEGATRON_VENV ?= .venv-megatron
+MEGATRON_PIP  := $(MEGATRON_VENV)/bin/python -m pip
+MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
+
+.PHONY: install run test bench megatron test-megatron clean
 
 install: $(STAMP)
 
@@ -25,13 +30,27 @@ run: install
 test: install
 	$(VENV)/bin/python -m pytest $(ARGS)
 
-# Optional tier: megatron-core declares Python >= 3.12 but its wheel works on 3.11.
-megatron: install
-	$(PIP) install -q -c constraints.txt numpy
-	$(PIP) install -q --ignore-requires-python megatron-core==0.19.2
+# Optional tier, in a venv of its own so that the default tier stays megatron-free (its tests skip).
+# megatron-core 0.19.2 declares Requires-Python >= 3.12, but its py3 wheel runs on 3.11: numpy comes
+# first from the constraints (else pip tries to build numpy 2.5 from source for it), then megatron-core
+# with --ignore-requires-python (it brings only numpy and packaging). triton is not installed: the one
+# module that imports it unconditionally is stubbed by trainer/backends/megatron_cpu_shims.py.
+megatron: $(MEGATRON_STAMP)
+
+$(MEGATRON_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(MEGATRON_VENV)
+	$(MEGATRON_PIP) install -q --upgrade pip
+	$(MEGATRON_PIP) install -q torch==2.13.0
+	$(MEGATRON_PIP) install -q -c constraints.txt -e ".[test]"
+	$(MEGATRON_PIP) install -q -c constraints.txt numpy packaging
+	$(MEGATRON_PIP) install -q --ignore-requires-python megatron-core==0.19.2
+	touch $(MEGATRON_STAMP)
+
+test-megatron: megatron
+	$(MEGATRON_VENV)/bin/python -m pytest -m megatron tests/trainer $(ARGS)
 
 bench: install
 	$(VENV)/bin/python bench/model_bench.py
 
 clean:
-	rm -rf $(VENV) runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) runs outputs .pytest_cache

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env register": ("orchestrator.cli:register", "register an env service with the orchestrator (it probes /health)"),
     "env list": ("orchestrator.cli:list_envs", "list the env services an orchestrator knows"),
     "env remove": ("orchestrator.cli:remove", "deregister an env service (its running episodes finish)"),
+    "trainer": ("trainer.run:main", "run the trainer alone against a run's Redis (Hydra overrides; torchrun for DP)"),
 }
 
 

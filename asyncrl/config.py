@@ -151,6 +151,17 @@ class EnvServiceConfig:
     capacity: int = 64
     weight: float = 1.0
     options: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments of the env class (`--option k=v`)."""
+    sandbox: str = "namespace"
+    """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
+    sandbox_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def serve_args(self) -> list[str]:
+        args = ["--sandbox-type", self.sandbox]
+        for key, value in self.sandbox_options.items():
+            args += ["--sandbox-option", f"{key}={value}"]
+        return args + (["--unsafe-local-sandbox"] if self.sandbox == "local_unsafe" else [])
 
 
 @dataclass
@@ -176,6 +187,34 @@ class WeightPushConfig:
     every_k_steps: int = 1
     reset_optimizer: bool = True
     """Reset the optimizer state after each push (the GLM-5 paper's default)."""
+    pause_mode: str = "in_place"
+    """How engines pause for the update: `in_place` (running requests keep their KV and continue with
+    the new weights; their tokens record both versions), `retract` (requests are re-prefilled with the
+    new weights), `abort` (requests end; the gateway retries them)."""
+    snapshot_every_pushes: int = 10
+    """tensor/distributed: also write an HF snapshot every N pushes (disk pushes always are snapshots).
+    The `weights` hash points at the newest snapshot: what a restarted engine loads."""
+    keep_snapshots: int = 3
+    """Weight snapshot directories kept under <run_dir>/weights (older ones are deleted)."""
+    master_address: Optional[str] = None
+    """distributed: address engines use to reach the trainer's broadcast group; None = this node's IP."""
+    distributed_backend: str = "auto"
+    """distributed: `gloo`, `nccl`, or `auto` (nccl when the trainer's weights are on a GPU)."""
+    engine_kind: str = "builtin"
+    """distributed: `builtin` (asyncrl's engine) or `sglang`. They create their end of the broadcast group
+    differently (default group vs SGLang's custom group); the trainer mirrors the one it talks to."""
+    timeout_s: float = 600.0
+    """Per engine call (pause, update, resume) and for joining the broadcast group."""
+
+
+@dataclass
+class MegatronConfig:
+    """Model parallelism of the megatron backend; data parallelism is world_size / tensor_parallel."""
+
+    tensor_parallel: int = 1
+    """Tensor-parallel ranks (sequence parallelism is on whenever this is > 1)."""
+    expert_parallel: int = 1
+    """Expert-parallel ranks: routed experts are split across them (carved out of data parallelism)."""
 
 
 @dataclass
@@ -193,10 +232,41 @@ class TrainerConfig:
     staleness_tau: int = 4
     """Drop samples whose first weight version lags the current one by more than tau."""
     freeze_indexer: bool = True
+    """Keep the DSA indexer fixed (GLM-5 §3.2): no gradient, not in the optimizer."""
+    indexer_kl_coef: float = 1.0
+    """Only with freeze_indexer false: weight of the indexer's KL alignment loss, its only training signal."""
     grad_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of storing its activations."""
+    device: str = "cpu"
+    """torch backend: `cpu`, `cuda` (cuda:<LOCAL_RANK>), or `auto` (cuda when available)."""
+    dense_attention_up_to: int = 512
+    """torch backend: micro-batches whose longest sequence is at most this long use masked dense attention,
+    longer ones sparse attention over the index_topk selected keys. Same result; dense is faster at short
+    lengths (gathering selected keys costs more than it saves), sparse at long ones (O(T*k) vs O(T^2)).
+    0 = always sparse. The unfrozen indexer always trains with sparse attention (its KL needs it)."""
     checkpoint_every: int = 10
+    """Steps between checkpoints. Groups are acknowledged only once a checkpoint holds their step, so a
+    crash re-trains at most this many steps (from the restored weights), and never loses a group."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept under <run_dir>/checkpoints (older ones are deleted)."""
     loss: LossConfig = field(default_factory=LossConfig)
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Only read by the megatron backend."""
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up before RL (0 steps: none). Produces <run_dir>/warmup, reused by later runs."""
+
+    steps: int = 0
+    env: str = "envs.tasks.ArithmeticEnv"
+    """Dotted path of an env class offering demonstrations(count, seed)."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 32
+    lr: float = 3e-3
+    thinking: bool = False
+    """Chat-template mode; must match the gateway's."""
 
 
 @dataclass
@@ -204,6 +274,24 @@ class RayConfig:
     address: Optional[str] = None
     """Ray cluster to join; None starts (or joins, under `ray job submit`) a local one."""
     num_cpus: Optional[int] = None
+
+
+@dataclass
+class ComponentsConfig:
+    """Dotted paths the launcher starts; replace one to plug in another implementation."""
+
+    engine_group: str = "rollout.actor.EngineGroup"
+    gateway: str = "gateway.server"
+    orchestrator: str = "orchestrator.server"
+    env_service: str = "envs.serve"
+    trainer: str = "trainer.actor.Trainer"
+    warmup: str = "trainer.sft.warmup"
+
+
+@dataclass
+class ResourcesConfig:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
 
 
 @dataclass
@@ -218,11 +306,14 @@ class RunConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     model: ModelSection = field(default_factory=ModelSection)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer_resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    components: ComponentsConfig = field(default_factory=ComponentsConfig)
 
 
 def register_configs() -> None:

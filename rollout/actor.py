@@ -1,29 +1,23 @@
 """`RolloutEngine`: the Ray actor that hosts one engine server process and keeps it healthy.
 
-The actor launches the configured backend (built-in CPU engine or SGLang) as a child process,
-publishes its URL in Redis (`engines` hash), and runs a health monitor thread: every
-`health_check_interval_s` it calls /health_generate; a failed or dead engine is killed and started
-again with the *current* weights (the `weights` hash the trainer writes at every push). If the actor
-itself dies, Ray restarts it (max_restarts=-1) and __init__ does the same: nothing but in-flight
-requests is lost, and the gateway re-routes those.
+The actor launches the configured backend (built-in CPU engine or SGLang) as a child process
+(asyncrl.supervisor), publishes its URL in Redis (`engines` hash), and checks /health_generate every
+`health_check_interval_s`; a failed or dead engine is killed and started again with the *current*
+weights (the `weights` hash the trainer writes at every push). If the actor itself dies, Ray restarts
+it (max_restarts=-1) and __init__ does the same: nothing but in-flight requests is lost, and the
+gateway re-routes those.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
-import subprocess
-import threading
-import time
 from pathlib import Path
-from typing import Any, Optional
-
-import httpx
+from typing import Optional
 
 from asyncrl.config import RolloutConfig
 from asyncrl.store import Store, run_sync
+from asyncrl.supervisor import Supervisor
 from rollout.backends import LaunchSpec, make_backend
 
 log = logging.getLogger("rollout.actor")
@@ -44,130 +38,61 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class RolloutEngine:
+class RolloutEngine(Supervisor):
     def __init__(self, cfg: RolloutConfig, engine_id: str, model_path: str, redis_url: str, run: str,
                  work_dir: str, seed: int = 0, tokenizer_path: Optional[str] = None,
                  bind_host: str = "127.0.0.1") -> None:
+        super().__init__(engine_id, work_dir, health_path="/health_generate",
+                         check_interval_s=cfg.health_check_interval_s, check_timeout_s=cfg.health_check_timeout_s,
+                         start_timeout_s=cfg.health_check_timeout_s * 10)
         self.cfg, self.engine_id = cfg, engine_id
         self.initial_model_path, self.tokenizer_path, self.seed = model_path, tokenizer_path, seed
         self.redis_url, self.run = redis_url, run
-        self.work_dir = Path(work_dir)
         self.backend = make_backend(cfg)
         self.host = bind_host
         self.public_host = _node_ip() if bind_host == "0.0.0.0" else bind_host
         self.port = _free_port(bind_host)
-        self.process: Optional[subprocess.Popen] = None
-        self.serving = False
-        self.restarts = 0
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._launch()
-        self._monitor = threading.Thread(target=self._watch, name=f"{engine_id}-health", daemon=True)
-        self._monitor.start()
+        self.weights: tuple[str, str] = (model_path, "0")
+        self.start()
 
-    # Queries -----------------------------------------------------------------------------------
     def url(self) -> str:
         return f"http://{self.public_host}:{self.port}"
 
-    def status(self) -> dict[str, Any]:
-        return {"engine_id": self.engine_id, "url": self.url(), "pid": self.process.pid if self.process else None,
-                "restarts": self.restarts, "serving": self.serving and self.process.poll() is None}
+    def before_start(self) -> None:
+        self.weights = self._current_weights()
 
-    # Lifecycle ---------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        path, version = self.weights
+        return self.backend.command(LaunchSpec(model_path=path, host=self.host, port=self.port, weight_version=version,
+                                               log_path=self.log_path, tokenizer_path=self.tokenizer_path,
+                                               seed=self.seed))
+
+    def environment(self) -> dict[str, str]:
+        self.backend.check_available()
+        return self.backend.environment()
+
+    def on_serving(self) -> None:
+        run_sync(self._with_store(lambda store: store.register_engine(self.engine_id, self.url())))
+
+    def shutdown(self, grace_s: float = 15.0) -> Optional[int]:
+        """Graceful: the engine aborts in-flight work on SIGTERM; the URL leaves the registry."""
+        code = super().shutdown(grace_s)
+        run_sync(self._with_store(lambda store: store.unregister_engine(self.engine_id)))
+        return code
+
     def _current_weights(self) -> tuple[str, str]:
-        """(checkpoint path, version) the engine must serve: the last push, else the initial model."""
-        async def read() -> dict[str, str]:
-            store = Store.connect(self.redis_url, self.run)
-            try:
-                return await store.get_weights()
-            finally:
-                await store.close()
-        weights = run_sync(read())
+        """(checkpoint path, version) the engine must serve: the last pushed snapshot, else the initial model."""
+        weights = run_sync(self._with_store(lambda store: store.get_weights()))
         if weights.get("location") and Path(weights["location"]).exists():
             return weights["location"], weights["version"]
         return self.initial_model_path, "0"
 
-    def _launch(self) -> None:
-        path, version = self._current_weights()
-        spec = LaunchSpec(model_path=path, host=self.host, port=self.port, weight_version=version,
-                          log_path=self.work_dir / f"{self.engine_id}.log", tokenizer_path=self.tokenizer_path,
-                          seed=self.seed)
-        self.serving = False
-        self.process = self.backend.launch(spec)
-        self._wait_healthy(timeout_s=self.cfg.health_check_timeout_s * 10)
-        self.serving = True
-        run_sync(self._register())
-        log.info("%s serving %s (weights %s, version %s, pid %d)", self.engine_id, self.url(), path, version,
-                 self.process.pid)
-
-    async def _register(self) -> None:
+    async def _with_store(self, op):
         store = Store.connect(self.redis_url, self.run)
         try:
-            await store.register_engine(self.engine_id, self.url())
+            return await op(store)
         finally:
             await store.close()
-
-    def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.engine_id}: engine exited with {self.process.returncode}; "
-                                   f"see {self.work_dir / (self.engine_id + '.log')}")
-            if self._probe("/health", timeout_s=2.0):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.engine_id}: engine not healthy after {timeout_s:.0f}s")
-
-    def _probe(self, path: str, timeout_s: float) -> bool:
-        local = "127.0.0.1" if self.host == "0.0.0.0" else self.host
-        try:
-            return httpx.get(f"http://{local}:{self.port}{path}", timeout=timeout_s).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(self.cfg.health_check_interval_s):
-            healthy = self.process.poll() is None and self._probe("/health_generate", self.cfg.health_check_timeout_s)
-            if healthy or self._stopping.is_set():
-                continue
-            log.warning("%s unhealthy (exit code %s): restarting with the current weights", self.engine_id,
-                        self.process.poll())
-            with self._lock:
-                self._terminate(grace_s=2.0)
-                self._launch()
-                self.restarts += 1
-
-    def restart(self) -> dict[str, Any]:
-        """Kill and relaunch the engine process now (current weights)."""
-        with self._lock:
-            self._terminate(grace_s=5.0)
-            self._launch()
-            self.restarts += 1
-        return self.status()
-
-    def _terminate(self, grace_s: float) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def shutdown(self) -> None:
-        """Graceful: stop monitoring, SIGTERM the engine (it aborts in-flight work), unregister."""
-        self._stopping.set()
-        with self._lock:
-            self._terminate(grace_s=15.0)
-
-        async def unregister() -> None:
-            store = Store.connect(self.redis_url, self.run)
-            try:
-                await store.unregister_engine(self.engine_id)
-            finally:
-                await store.close()
-        run_sync(unregister())
 
 
 class EngineGroup:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from asyncrl.config import RolloutConfig
+from asyncrl.process import spawn
 
 
 @dataclass
@@ -47,11 +48,9 @@ class EngineBackend(ABC):
         """Raise a clear error when this backend cannot run here."""
 
     def launch(self, spec: LaunchSpec) -> subprocess.Popen:
+        """Start the server; it dies with the launching process (asyncrl.process)."""
         self.check_available()
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.log_path, "ab")
-        return subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **self.environment()}, start_new_session=True)
+        return spawn(self.command(spec), spec.log_path, self.environment())
 
 
 class CpuBackend(EngineBackend):
@@ -62,8 +61,7 @@ class CpuBackend(EngineBackend):
                 "--max-running-requests", str(cfg.max_running_requests),
                 "--max-total-tokens", str(cfg.max_total_tokens),
                 "--chunked-prefill-size", str(cfg.chunked_prefill_size),
-                "--num-threads", str(max(1, int(cfg.num_cpus_per_engine))), "--random-seed", str(spec.seed),
-                "--exit-with-parent"]
+                "--num-threads", str(max(1, int(cfg.num_cpus_per_engine))), "--random-seed", str(spec.seed)]
         if spec.tokenizer_path:
             argv += ["--tokenizer", spec.tokenizer_path]
         return argv

@@ -8,9 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
-import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -308,19 +305,7 @@ async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> A
             engine.call(lambda rid=rid: engine.scheduler.abort(rid, "client disconnected"))
 
 
-def watch_parent(poll_s: float = 1.0) -> None:
-    """SIGTERM ourselves (graceful shutdown) once the parent is gone (we get re-parented)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        log.warning("parent process %d is gone: shutting down", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str], bool]:
+def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str]]:
     p = argparse.ArgumentParser(prog="asyncrl engine serve", description=__doc__)
     p.add_argument("--model", "--model-path", dest="model_path", required=True, help="HF-format checkpoint dir")
     p.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer_path")
@@ -337,18 +322,14 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--served-model-name", default="asyncrl")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--url-file", help="write the bound URL here once serving")
-    p.add_argument("--exit-with-parent", action="store_true",
-                   help="shut down when the launching process dies (engine actors set this)")
     args = vars(p.parse_args(argv))
-    url_file, exit_with_parent = args.pop("url_file"), args.pop("exit_with_parent")
-    return EngineArgs(**args), url_file, exit_with_parent
+    url_file = args.pop("url_file")
+    return EngineArgs(**args), url_file
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args, url_file, exit_with_parent = parse_args(argv)
-    if exit_with_parent:
-        watch_parent()
+    args, url_file = parse_args(argv)
     engine = Engine(args).start()
     serve(build_app(engine), args.host, args.port, url_file=url_file)
 

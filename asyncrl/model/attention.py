@@ -9,8 +9,8 @@ is stored; kv_b_proj is never applied to the keys. Instead it is absorbed into t
 so training, prefill and decode all attend over the same latent rows (from the KV cache, or the batch's
 own fresh latents when there is no cache). Two interchangeable kernels:
   sparse: gather only the k selected latent rows per query, O(T * k) time and memory;
-  dense:  all context rows with a (causal & selected) mask, O(T^2): the reference, and the fast path
-          while every context fits in index_topk (then every causal key is selected anyway).
+  dense:  all context rows with a (causal & selected) mask, O(T^2): the reference, and the faster one
+          on CPU for short multi-query contexts (ForwardBatch.attention_impl says which runs).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from asyncrl.model.batch import ForwardBatch
@@ -85,7 +84,7 @@ class MLA(nn.Module):
         selection = self._select(x, q_resid, ctx) if self.indexer is not None else shared
         query = self.absorb_query(q, ctx.rotations)  # [N, h, kv_lora + rope]
         kl = None
-        if selection is not None and ctx.batch.attention_impl != "dense":
+        if selection is not None and (ctx.indexer_kl or ctx.batch.uses_sparse_kernel(self.index_topk)):
             out, probs = self.sparse_attention(query, store, selection)
             if self.indexer is not None and ctx.indexer_kl:
                 kl = self._indexer_kl(x, q_resid, probs, selection, ctx)
@@ -123,7 +122,8 @@ class MLA(nn.Module):
 
     def absorb_query(self, q: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
         """q [N, h, nope + rope] -> [N, h, kv_lora + rope]: W_kc^T q_nope, then the rotated q_rope."""
-        q_latent = torch.bmm(q[..., : self.nope_dim].transpose(0, 1), self._kv_b()[:, : self.nope_dim])  # [h, N, kv_lora]
+        w_kc = self._kv_b()[:, : self.nope_dim]  # [h, nope, kv_lora]
+        q_latent = torch.bmm(q[..., : self.nope_dim].transpose(0, 1), w_kc)  # [h, N, kv_lora]
         return torch.cat([q_latent.transpose(0, 1), apply_rope(q[..., self.nope_dim :], rotations[:, None])], dim=-1)
 
     def absorb_output(self, out_latent: torch.Tensor) -> torch.Tensor:
@@ -138,18 +138,22 @@ class MLA(nn.Module):
         scores = torch.bmm(query, rows.transpose(1, 2)) * self.scale  # [N, h, k]
         probs = scores.masked_fill(selection.invalid[:, None], float("-inf")).softmax(-1, dtype=torch.float32)
         probs = probs.to(query.dtype)
-        return torch.bmm(probs, rows[..., : self.kv_lora_rank]), probs
+        out = torch.bmm(probs, rows)[..., : self.kv_lora_rank]  # slicing the small output: cheaper backward
+        return out, probs
 
     def dense_attention(self, query: torch.Tensor, store: torch.Tensor, selection: Optional[Selection],
                         batch: ForwardBatch) -> torch.Tensor:
         """Attend over every context row with a causal (and selection) mask -> latents [N, h, kv_lora]."""
         rows = gather_rows(store, batch.context_slots).to(query.dtype)  # [B, Lk, kv_lora + rope]
-        mask = torch.arange(batch.max_context, device=query.device) <= batch.query_positions[..., None]  # [B, Lq, Lk]
+        mask = ~batch.noncausal  # [B, Lq, Lk]
         if selection is not None:
             mask &= selection.dense_mask(batch.max_context)
-        scores = torch.einsum("bqhc,bkc->bqhk", batch.to_padded(query), rows) * self.scale
+        num_seqs, max_extend = mask.shape[:2]
+        padded = batch.to_padded(query).view(num_seqs, max_extend * self.n_heads, -1)  # [B, Lq * h, kv_lora + rope]
+        scores = torch.bmm(padded, rows.transpose(1, 2)).view(num_seqs, max_extend, self.n_heads, -1) * self.scale
         probs = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
-        return batch.to_flat(torch.einsum("bqhk,bkc->bqhc", probs, rows[..., : self.kv_lora_rank]))
+        out = torch.bmm(probs.view(num_seqs, max_extend * self.n_heads, -1), rows[..., : self.kv_lora_rank])
+        return batch.to_flat(out.view(num_seqs, max_extend, self.n_heads, -1))  # [N, h, kv_lora]
 
     def _indexer_kl(self, x: torch.Tensor, q_resid: torch.Tensor, probs: torch.Tensor, selection: Selection,
                     ctx: AttentionContext) -> torch.Tensor:

@@ -19,6 +19,7 @@ and decode in separate calls (as SGLang does by default) when that matters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal, Optional, Sequence
 
 import torch
@@ -33,17 +34,23 @@ class ForwardBatch:
     extend_lens: torch.Tensor
     """[B] int64: new tokens per sequence (>= 1)."""
     context_slots: torch.Tensor
-    """[B, Lk] int64: slot ids of each sequence's context, position order, right-padded (any valid slot)."""
+    """[B, Lk] int64: slot ids of each sequence's context, position order, right-padded (any valid slot).
+    Lk should be the longest context: a wider table is correct but every layer pays for the extra width."""
     context_lens: torch.Tensor
     """[B] int64: context length (cached prefix + new tokens) of each sequence."""
     logits_indices: Optional[torch.Tensor] = None
     """[M] int64: rows of `input_ids` whose logits are returned (None: all N rows)."""
     attention_impl: AttentionImpl = "auto"
     """`sparse`: gather only the selected keys (O(T*k)). `dense`: masked attention over the whole context
-    (reference, O(T^2)). `auto`: dense while every context fits in index_topk (no selection needed;
-    the indexer is skipped), else sparse."""
-    max_score_elements: int = 1 << 24
-    """Indexer scores are computed in query chunks of at most this many fp32 values (memory bound)."""
+    (reference, O(T^2)). `auto`: sparse for decode batches (one query per sequence) and for contexts longer
+    than dense_context_ratio * index_topk; dense otherwise (per-sequence GEMMs beat per-query k-row gathers
+    on CPU there). Within index_topk no selection is needed and the indexer is skipped. Both kernels
+    compute the same function (measured: equal within 1e-6)."""
+    dense_context_ratio: float = 4.0
+    """`auto` keeps the dense kernel for multi-query batches while max_context <= this x index_topk."""
+    max_score_elements: int = 1 << 22
+    """Indexer scores are computed in query chunks of at most this many fp32 values (16 MiB): the
+    indexer's memory stays O(T) instead of O(T^2) for long prefills."""
 
     # Derived in __post_init__ ---------------------------------------------------------------------
     positions: torch.Tensor = field(init=False)
@@ -56,12 +63,15 @@ class ForwardBatch:
     """[B, Lq]: position of each padded query (0 for pads)."""
     padded_rows: torch.Tensor = field(init=False)
     """[N]: index of each flat row in the padded [B * Lq] layout."""
+    _rectangular: bool = field(init=False, repr=False)
+    _first_ranked_row: dict[int, int] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         device = self.input_ids.device
         num_seqs, num_tokens = self.extend_lens.numel(), self.input_ids.numel()
         if int(self.extend_lens.sum()) != num_tokens:
-            raise ValueError(f"ForwardBatch: extend_lens sum to {int(self.extend_lens.sum())}, input_ids has {num_tokens}")
+            raise ValueError(f"ForwardBatch: extend_lens sum to {int(self.extend_lens.sum())}, "
+                             f"input_ids has {num_tokens}")
         if bool((self.extend_lens > self.context_lens).any()) or bool((self.extend_lens < 1).any()):
             raise ValueError("ForwardBatch: each sequence needs 1 <= extend_len <= context_len")
         if int(self.context_lens.max()) > self.context_slots.shape[1]:
@@ -79,6 +89,31 @@ class ForwardBatch:
         self.query_positions = torch.zeros(num_seqs * max_extend, dtype=torch.long, device=device)
         self.query_positions[self.padded_rows] = self.positions
         self.query_positions = self.query_positions.view(num_seqs, max_extend)
+        self._rectangular = num_tokens == num_seqs * max_extend  # no padding: padded <-> flat are views
+
+    def uses_sparse_kernel(self, index_topk: int) -> bool:
+        if self.attention_impl == "auto":
+            return self.query_rows.shape[1] == 1 or self.max_context > self.dense_context_ratio * index_topk
+        return self.attention_impl == "sparse"
+
+    # Indexer constants, computed once per forward and shared by every full-indexer layer -----------
+    @cached_property
+    def noncausal(self) -> torch.Tensor:
+        """[B, Lq, Lk] bool: key position > query position (padding keys included)."""
+        key_pos = torch.arange(self.max_context, device=self.input_ids.device)
+        return key_pos > self.query_positions[..., None]
+
+    @cached_property
+    def position_tiebreak(self) -> torch.Tensor:
+        """[Lk] int64: the low 32 bits of the indexer's rank key, larger for lower positions (ties go to them)."""
+        return 0x7FFFFFFF - torch.arange(self.max_context, device=self.input_ids.device)
+
+    def first_ranked_row(self, k: int) -> int:
+        """First padded query row where some query sits at position >= k (earlier rows take every causal key)."""
+        if k not in self._first_ranked_row:
+            ranked = (self.query_positions >= k).any(0)  # [Lq]; positions grow along a row
+            self._first_ranked_row[k] = int(ranked.int().argmax()) if bool(ranked.any()) else ranked.numel()
+        return self._first_ranked_row[k]
 
     @property
     def num_seqs(self) -> int:
@@ -90,11 +125,15 @@ class ForwardBatch:
 
     def to_padded(self, flat: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [B, Lq, ...] (pad rows repeat row 0; their outputs are never read)."""
-        return flat[self.query_rows]
+        if self._rectangular:
+            return flat.view(*self.query_rows.shape, *flat.shape[1:])
+        return flat.index_select(0, self.query_rows.flatten()).view(*self.query_rows.shape, *flat.shape[1:])
 
     def to_flat(self, padded: torch.Tensor) -> torch.Tensor:
         """[B, Lq, ...] -> [N, ...]."""
-        return padded.flatten(0, 1)[self.padded_rows]
+        if self._rectangular:
+            return padded.reshape(-1, *padded.shape[2:])
+        return padded.flatten(0, 1).index_select(0, self.padded_rows)
 
     # Constructors ---------------------------------------------------------------------------------
     @classmethod
@@ -108,14 +147,19 @@ class ForwardBatch:
 
     @classmethod
     def from_lists(cls, new_tokens: Sequence[Sequence[int]], context_slots: Sequence[Sequence[int]],
-                   logits: Literal["last", "all"] = "last", **kwargs) -> "ForwardBatch":
-        """Engine-side convenience: per sequence its new token ids and the slot ids of its whole context."""
+                   logits: Literal["last", "all"] = "last", device: torch.device | str = "cpu", **kwargs
+                   ) -> "ForwardBatch":
+        """Convenience: per sequence its new token ids and the slot ids of its whole context. (An engine
+        keeps a req_to_token tensor instead and slices context_slots out of it: no Python lists per step.)"""
         if len(new_tokens) != len(context_slots):
             raise ValueError("ForwardBatch.from_lists: one context_slots list per sequence")
         width = max(len(s) for s in context_slots)
-        slots = torch.tensor([list(s) + [s[0]] * (width - len(s)) for s in context_slots], dtype=torch.long)
-        ext = torch.tensor([len(t) for t in new_tokens], dtype=torch.long)
-        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        slots = tensor([list(s) + [s[0]] * (width - len(s)) for s in context_slots])
+        ext = tensor([len(t) for t in new_tokens])
         last = torch.cumsum(ext, 0) - 1
-        return cls(ids, ext, slots, torch.tensor([len(s) for s in context_slots], dtype=torch.long),
+        return cls(tensor([t for seq in new_tokens for t in seq]), ext, slots, tensor([len(s) for s in context_slots]),
                    logits_indices=last if logits == "last" else None, **kwargs)

@@ -41,7 +41,7 @@ class Selection:
     def of(cls, index: torch.Tensor, batch: ForwardBatch) -> "Selection":
         num_seqs, max_extend, k = index.shape
         valid = index <= batch.query_positions[..., None]
-        slots = batch.context_slots.gather(1, index.view(num_seqs, -1)).view(num_seqs, max_extend, k)
+        slots = batch.context_slots.gather(1, index.reshape(num_seqs, -1)).view(num_seqs, max_extend, k)
         return cls(index, valid, batch.to_flat(slots), ~batch.to_flat(valid))
 
     def dense_mask(self, context_width: int) -> torch.Tensor:
@@ -53,7 +53,8 @@ class Selection:
 class Indexer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.n_heads, self.head_dim, self.rope_dim = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+        self.n_heads, self.head_dim = config.index_n_heads, config.index_head_dim
+        self.rope_dim = config.qk_rope_head_dim
         self.index_topk = config.index_topk
         self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(config.hidden_size, self.head_dim, bias=False)
@@ -82,11 +83,13 @@ class Indexer(nn.Module):
         num_seqs, max_extend = batch.query_positions.shape
         k = min(self.index_topk, batch.max_context)
         rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
-        picked = []
-        for start in range(0, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
-            scores = index_scores(q_pad[:, start : start + rows], w_pad[:, start : start + rows], keys, self.softmax_scale)
-            picked.append(topk_lower_position_wins(scores, batch.query_positions[:, start : start + rows], k))
-        return Selection.of(torch.cat(picked, dim=1), batch)  # [B, Lq, k]
+        first = batch.first_ranked_row(k)  # rows before it select all their causal keys: nothing to rank
+        picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)] if first else []
+        for start in range(first, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
+            end = start + rows
+            scores = index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
+            picked.append(rank_topk(scores, batch.noncausal[:, start:end], batch.position_tiebreak, k))
+        return Selection.of(picked[0] if len(picked) == 1 else torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Differentiable index scores of gathered keys: q [N, Hi, D], weights [N, Hi], keys [N, k, D] -> [N, k]."""
@@ -100,21 +103,25 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
-    """I = sum_h w_h ReLU(q_h . k * scale): q [B, Lq, Hi, D], weights [B, Lq, Hi], keys [B, Lk, D] -> [B, Lq, Lk]."""
-    scores = F.relu(torch.matmul(q, keys.transpose(1, 2).unsqueeze(1)) * scale)  # [B, Lq, Hi, Lk]
+    """I = sum_h w_h ReLU(q_h . k * scale): q [B, Lq, Hi, D], weights [B, Lq, Hi], keys [B, Lk, D] -> [B, Lq, Lk].
+
+    Not differentiable (in-place ops keep one [B, Lq, Hi, Lk] buffer); see Indexer.selected_scores."""
+    num_seqs, max_extend, n_heads, _ = q.shape
+    scores = torch.bmm(q.reshape(num_seqs, max_extend * n_heads, -1), keys.transpose(1, 2))  # [B, Lq * Hi, Lk]
+    scores = scores.view(num_seqs, max_extend, n_heads, -1).mul_(scale).relu_()  # in place: one buffer
     return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
 
 
 def topk_lower_position_wins(scores: torch.Tensor, query_positions: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k key positions of scores [..., Lk] among causal keys (position <= query position) -> [..., k].
+    """Top-k key positions of scores [..., Lk] among causal keys (position <= query position) -> [..., k]."""
+    key_pos = torch.arange(scores.shape[-1], device=scores.device)
+    return rank_topk(scores.clone(), key_pos > query_positions[..., None], 0x7FFFFFFF - key_pos, k)
 
-    Keys are ranked by (score, -position) packed into one int64, so no two keys tie.
-    """
-    width = scores.shape[-1]
-    key_pos = torch.arange(width, device=scores.device)
-    causal = key_pos <= query_positions[..., None]
-    scores = torch.where(causal, scores + 0.0, float("-inf"))  # + 0.0 turns -0.0 into +0.0
-    bits = scores.contiguous().view(torch.int32)
+
+def rank_topk(scores: torch.Tensor, noncausal: torch.Tensor, tiebreak: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k of scores [..., Lk] (overwritten) outside `noncausal`, ranked by (score, tiebreak) packed
+    into one int64: no two keys tie, so the selected set is unique. -> positions [..., k] (unordered)."""
+    scores = scores.float().add_(0.0).masked_fill_(noncausal, float("-inf"))  # fp32 even under bf16 autocast; -0.0 -> +0.0
+    bits = scores.view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
-    rank_key = (ordered.to(torch.int64) << 32) | (0x7FFFFFFF - key_pos)  # ties: lower position is larger
-    return rank_key.topk(k, dim=-1, sorted=False).indices  # keys are unique: the set is well defined
+    return ((ordered.to(torch.int64) << 32) | tiebreak).topk(k, dim=-1, sorted=False).indices

@@ -81,11 +81,18 @@ def checkpoint_tensors(model: Glm5ForCausalLM, dtype: Optional[torch.dtype] = No
 def save_pretrained(model: Glm5ForCausalLM, path: str | Path, dtype: Optional[torch.dtype] = None,
                     max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
     """Write config.json and the weights; shards (with the index json) when larger than max_shard_bytes."""
+    save_tensors(checkpoint_tensors(model, dtype), model.config, path, dtype or model.dtype, max_shard_bytes)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig, path: str | Path, dtype: torch.dtype,
+                 max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """An HF checkpoint directory from HF-named tensors (e.g. a trainer's weights, on any device):
+    config.json with `torch_dtype` = dtype, then the safetensors files."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = checkpoint_tensors(model, dtype)
-    config = ModelConfig.from_hf_dict(model.config.to_hf_dict())
-    config.torch_dtype = str(dtype or model.dtype).removeprefix("torch.")
+    tensors = {name: t.detach().cpu() for name, t in tensors.items()}
+    config = ModelConfig.from_hf_dict(config.to_hf_dict())
+    config.torch_dtype = str(dtype).removeprefix("torch.")
     config.save(path)
     shards = _split(tensors, max_shard_bytes)
     if len(shards) == 1:

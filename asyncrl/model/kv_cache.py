@@ -22,7 +22,8 @@ class KVCache:
     def __init__(self, config: ModelConfig, max_tokens: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         self.max_tokens = max_tokens
-        self.latent = torch.zeros(config.num_hidden_layers, max_tokens, config.kv_cache_width, dtype=dtype, device=device)
+        self.latent = torch.zeros(config.num_hidden_layers, max_tokens, config.kv_cache_width, dtype=dtype,
+                                  device=device)
         """[layers, max_tokens, kv_lora_rank + qk_rope_head_dim]"""
         full_layers = [i for i, kind in enumerate(config.layer_indexer_types) if kind == "full"]
         self._index_row = {layer: row for row, layer in enumerate(full_layers)}

@@ -111,6 +111,10 @@ class Glm5ForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
     # Engine --------------------------------------------------------------------------------------
     def forward_batch(self, batch: ForwardBatch, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Run new tokens against their cached contexts; writes their cache rows.
@@ -125,7 +129,7 @@ class Glm5ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, **batch_options) -> torch.Tensor:
         """Full teacher-forced logits of equal-length sequences: input_ids [B, T] -> fp32 [B, T, vocab]."""
         num_seqs, length = input_ids.shape
-        cu_seqlens = torch.arange(num_seqs + 1) * length
+        cu_seqlens = torch.arange(num_seqs + 1, device=input_ids.device) * length
         logits = self.forward_batch(ForwardBatch.packed(input_ids.reshape(-1), cu_seqlens, **batch_options))
         return logits.view(num_seqs, length, -1)
 

@@ -39,6 +39,18 @@ class DialogueTaskEnv(Environment):
     async def list_tasks(self) -> list[str]:
         return [f"{self.prefix}-{i:05d}" for i in range(self.num_tasks)]
 
+    def demonstrations(self, count: int, seed: int = 0) -> list[list[dict[str, str]]]:
+        """`count` solved dialogues (OpenAI messages) for a supervised warm-up, drawn from problems
+        outside the task ids (their own seed stream), so the warm-up does not see the RL tasks."""
+        rng = random.Random(f"{self.prefix}:demo:{self.seed}:{seed}")
+        dialogues = []
+        for _ in range(count):
+            problem = self.make_problem(rng)
+            turns = [[{"role": "user", "content": p}, {"role": "assistant", "content": a}]
+                     for p, a in zip(problem.prompts, problem.answers)]
+            dialogues.append([m for turn in turns for m in turn])
+        return dialogues
+
     async def run_episode(self, task_id, llm, sandbox, ctx: EpisodeContext) -> EpisodeResult:
         problem, messages, scores, replies = self.problem(task_id), [], [], []
         for prompt, answer in zip(problem.prompts, problem.answers):

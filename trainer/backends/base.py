@@ -3,19 +3,25 @@
 A backend owns the model replica(s) and the optimizer. The loop (trainer/loop.py) hands it packed
 micro-batches of one optimizer step; it returns metrics. Everything crossing this boundary is
 token-level and HF-named, so backends (torch on CPU/GPU, megatron-core) are interchangeable.
-Register new backends in `BACKENDS` (keyed by `TrainerConfig.backend`).
+Register new backends in `BACKENDS` (keyed by `TrainerConfig.backend`); `make_backend` imports
+only the chosen one.
+
+Several processes (torchrun): the RL loop runs on the leader (rank 0) only and calls the methods
+below with the whole step; the backend distributes the work. Every other rank calls `follow()`,
+which executes the leader's calls until the leader calls `close()`.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.model.config import ModelConfig
 from trainer.packing import MicroBatch
 
 
@@ -25,16 +31,34 @@ class StepResult:
     grad_norm: float
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)
-    """Loss metrics (masked fraction, mean ratio, mismatch KL, entropy, ...) summed over micro-batches."""
+    """Loss metrics of the whole step (LossMetrics.summary(): masked fraction, mean ratio, mismatch KL,
+    entropy, ...) plus backend extras (e.g. indexer_kl)."""
 
 
 class TrainerBackend(ABC):
     def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
         self.cfg, self.model_cfg, self.seed = cfg, model, seed
 
+    def hf_config(self) -> ModelConfig:
+        """The architecture of the weights `hf_state_dict` returns (config.json of a weight snapshot)."""
+        return ModelConfig.from_pretrained(self.model_cfg.path) if self.model_cfg.path else self.model_cfg.arch
+
+    @property
+    def is_leader(self) -> bool:
+        """True on the process that runs the RL loop (rank 0)."""
+        return True
+
+    def follow(self) -> None:
+        """Ranks other than the leader: execute the leader's calls until it closes the backend."""
+
+    def close(self) -> None:
+        """Release the backend (and let followers return from `follow`)."""
+
     @abstractmethod
     def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
-        """Forward/backward every micro-batch (losses share `normalizer`), clip, one optimizer step."""
+        """Forward/backward every micro-batch of the step (the leader passes all of them; the backend
+        splits them across data-parallel ranks), losses sharing `normalizer`, clip, one optimizer step.
+        The result is the whole step's (summed over ranks)."""
 
     @abstractmethod
     def logprobs(self, micro_batch: MicroBatch) -> torch.Tensor:
@@ -46,16 +70,28 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def save_checkpoint(self, path: Path) -> None:
-        """Model + optimizer state, written atomically (a crash leaves the previous checkpoint)."""
+        """Write model + optimizer state into the new directory `path`. trainer/checkpoint.py makes it
+        atomic and durable (it writes a temporary directory, fsyncs, renames)."""
 
     @abstractmethod
     def load_checkpoint(self, path: Path) -> None:
-        ...
+        """Restore what `save_checkpoint` wrote (path visible to every rank)."""
 
     @abstractmethod
     def reset_optimizer(self) -> None:
         """Drop optimizer moments (the GLM-5 paper's default after each weight push)."""
 
 
-BACKENDS: dict[str, Callable[..., TrainerBackend]] = {}
-"""`trainer.backend` -> factory; backends add themselves when their module is imported."""
+BACKENDS: dict[str, str] = {
+    "torch": "trainer.backends.torch_backend:TorchBackend",
+    "megatron": "trainer.backends.megatron_backend:MegatronBackend",
+}
+"""`trainer.backend` -> "module:Class" of a TrainerBackend, imported only when chosen."""
+
+
+def make_backend(cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> TrainerBackend:
+    """The backend `cfg.backend` names (its module is imported now, so megatron only when chosen)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"trainer.backend {cfg.backend!r} not in {sorted(BACKENDS)}")
+    module, name = BACKENDS[cfg.backend].split(":")
+    return getattr(importlib.import_module(module), name)(cfg, model, seed)

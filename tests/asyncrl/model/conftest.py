@@ -23,6 +23,16 @@ PARITY_CONFIG = ModelConfig(
 index_topk 16 so any context over 16 tokens attends sparsely. initializer_range 0.1 gives O(1) logits."""
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small ops on a shared 2-core machine: a second intra-op thread mostly waits (measured 30x slower
+    decode steps under load), so the model tests run single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def parity_config() -> ModelConfig:
     return dataclasses.replace(PARITY_CONFIG)

@@ -73,9 +73,8 @@ def test_shared_prefix_slots_are_reused_without_recomputation(parity_model, pari
     with torch.no_grad():
         parity_model.forward_batch(ForwardBatch.from_lists([prefix.tolist()], [list(range(30))]), cache)
         # Both continuations point at slots 0..29 for the prefix; only their tails are computed.
-        batch = ForwardBatch.from_lists([t.tolist() for t in tails],
-                                        [list(range(30)) + list(range(100, 125)), list(range(30)) + list(range(200, 212))],
-                                        logits="all")
+        contexts = [list(range(30)) + list(range(100, 125)), list(range(30)) + list(range(200, 212))]
+        batch = ForwardBatch.from_lists([t.tolist() for t in tails], contexts, logits="all")
         logits = parity_model.forward_batch(batch, cache).split([25, 12])
     full = _full_logits(parity_model, [torch.cat([prefix, t]) for t in tails])
     assert all((rows - ref[30:]).abs().max() <= TOLERANCE for rows, ref in zip(logits, full))
@@ -95,7 +94,8 @@ def test_log_probs_do_not_depend_on_the_rest_of_the_batch(parity_model, parity_c
         return out.logprobs[cu[start] : cu[start] + len(probe)]
 
     alone = probe_logprobs([probe])
-    batched = [probe_logprobs(order) for order in ([others[0], probe, *others[1:]], [*others, probe], [others[2], probe])]
+    orders = ([others[0], probe, *others[1:]], [*others, probe], [others[2], probe])
+    batched = [probe_logprobs(order) for order in orders]
     diffs = [(b - alone).abs().max().item() for b in batched]
     assert max(diffs) <= TOLERANCE, diffs
     # The engine path (cache) against the trainer path (no cache): the engine's log-prob contract.
@@ -141,3 +141,17 @@ def _ties_at_the_boundary(model: Glm5ForCausalLM, seq: torch.Tensor) -> int:
         ranked = scores[t, : t + 1].sort(descending=True).values
         ties += int(ranked[k - 1] == ranked[k])
     return ties
+
+
+def test_greedy_generation_matches_transformers_generate(parity_model, load_hf, tmp_path):
+    from asyncrl.model.generate import greedy_generate
+    from asyncrl.model.io import save_pretrained
+
+    save_pretrained(parity_model, tmp_path)
+    reference = load_hf(tmp_path)
+    prompts = [s.tolist() for s in _sequences([12, 30, 7], seed=9)]
+    ours = greedy_generate(parity_model, prompts, max_new_tokens=40)  # contexts reach 70 > index_topk 16
+    for prompt, continuation in zip(prompts, ours):
+        theirs = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=40, min_new_tokens=40, do_sample=False)
+        assert continuation == theirs[0, len(prompt) :].tolist()

@@ -22,7 +22,8 @@ def _tokens(seed: int, shape=(3, 80)) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_asyncrl_checkpoint_gives_transformers_the_same_logits(variant, parity_config, randomize_bias, load_hf, tmp_path):
+def test_asyncrl_checkpoint_gives_transformers_the_same_logits(variant, parity_config, randomize_bias, load_hf,
+                                                               tmp_path):
     config = dataclasses.replace(parity_config, **VARIANTS[variant])
     model = Glm5ForCausalLM.from_config(config, seed=0).eval()
     randomize_bias(model)
@@ -61,4 +62,5 @@ def test_tensor_names_and_shapes_equal_transformers(parity_model, load_hf, tmp_p
     assert all(ours[name].shape == theirs[name].shape and torch.equal(ours[name], theirs[name]) for name in ours)
     assert "model.layers.1.self_attn.indexer.wq_b.weight" in ours
     assert "model.layers.2.self_attn.indexer.wq_b.weight" not in ours  # the shared-indexer layer has none
-    assert "model.layers.3.mlp.experts.7.gate_proj.weight" in ours and "model.layers.3.mlp.gate.e_score_correction_bias" in ours
+    assert "model.layers.3.mlp.experts.7.gate_proj.weight" in ours
+    assert "model.layers.3.mlp.gate.e_score_correction_bias" in ours

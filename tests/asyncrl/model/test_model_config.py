@@ -20,11 +20,13 @@ def load_section(name: str) -> ModelSection:
 
 def test_glm5_1_yaml_has_the_published_dimensions():
     arch = load_section("glm5_1").arch
-    assert (arch.num_hidden_layers, arch.first_k_dense_replace, arch.hidden_size, arch.intermediate_size) == (78, 3, 6144, 12288)
+    assert (arch.num_hidden_layers, arch.first_k_dense_replace) == (78, 3)
+    assert (arch.hidden_size, arch.intermediate_size) == (6144, 12288)
     assert (arch.num_attention_heads, arch.q_lora_rank, arch.kv_lora_rank) == (64, 2048, 512)
     assert (arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.v_head_dim) == (192, 64, 256)
     assert (arch.index_n_heads, arch.index_head_dim, arch.index_topk) == (32, 128, 2048)
-    assert (arch.n_routed_experts, arch.n_shared_experts, arch.num_experts_per_tok, arch.moe_intermediate_size) == (256, 1, 8, 2048)
+    assert (arch.n_routed_experts, arch.n_shared_experts, arch.num_experts_per_tok) == (256, 1, 8)
+    assert arch.moe_intermediate_size == 2048
     assert (arch.routed_scaling_factor, arch.n_group, arch.topk_group, arch.norm_topk_prob) == (2.5, 1, 1, True)
     assert (arch.vocab_size, arch.max_position_embeddings, arch.num_nextn_predict_layers) == (154880, 202752, 1)
     assert arch.rope_theta == 1e6 and arch.kv_cache_width == 576
@@ -61,4 +63,5 @@ def test_indexer_schedule_from_hf_keys_matches_transformers(hf_causal_lm):
     ours = ModelConfig.from_hf_dict(raw)
     theirs = hf_causal_lm.config_class(num_hidden_layers=12, index_topk_freq=4, index_skip_topk_offset=3)
     assert ours.layer_indexer_types == theirs.indexer_types
-    assert ModelConfig.from_hf_dict({**raw, "index_topk_pattern": "FFSF" * 3}).layer_indexer_types[:4] == ["full", "full", "shared", "full"]
+    patterned = ModelConfig.from_hf_dict({**raw, "index_topk_pattern": "FFSF" * 3})
+    assert patterned.layer_indexer_types[:4] == ["full", "full", "shared", "full"]

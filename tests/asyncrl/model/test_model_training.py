@@ -144,3 +144,17 @@ def test_indexer_kl_equals_a_direct_computation_from_transformers_attention(pari
         p = p / p.sum(-1, keepdim=True)
         expected = (torch.xlogy(p, p) - p * log_q.masked_fill(~causal, 0)).sum(-1).mean()
     assert abs(ours.item() - expected.item()) <= 1e-5 * max(1.0, expected.item())
+
+
+def test_sparse_gather_and_dense_mask_kernels_agree_in_value_and_gradient(parity_config):
+    ids, cu, targets = _packed(4)  # contexts of 20..51 tokens, index_topk 16: the selection matters
+    results = []
+    for impl in ("sparse", "dense"):
+        model = Glm5ForCausalLM.from_config(parity_config, seed=9)
+        out = model.token_logprobs(ids, cu, targets, attention_impl=impl)
+        out.logprobs.sum().backward()
+        results.append((out.logprobs.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (sparse, sparse_grads), (dense, dense_grads) = results
+    assert (sparse - dense).abs().max() <= 1e-5
+    assert sparse_grads.keys() == dense_grads.keys()
+    assert all(torch.allclose(sparse_grads[n], dense_grads[n], rtol=1e-4, atol=1e-5) for n in sparse_grads)

@@ -1,0 +1,161 @@
+"""Supervised service processes, the body of every Ray actor that hosts a service.
+
+`Supervisor` starts a service process (`launch()`), waits until it answers its health path, and
+watches it from a thread: a process that exits or stops answering is killed and started again.
+Subclasses say how to launch (`command()`), how to reach it (`url()`), and what to do once it
+serves (`on_serving()`, e.g. publish the URL). When the hosting actor dies, its children die with
+it (asyncrl.process), and Ray's actor restart runs __init__ again: the same recovery path.
+
+`ServiceActor` is the generic case: `python -m <module> <args> --port 0 --url-file F` (gateway,
+orchestrator, env services all follow that convention).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+from asyncrl.process import spawn, terminate
+
+log = logging.getLogger("asyncrl.supervisor")
+
+
+class Supervisor(ABC):
+    def __init__(self, name: str, work_dir: str, health_path: str = "/health", check_interval_s: float = 5.0,
+                 check_timeout_s: float = 30.0, start_timeout_s: float = 300.0) -> None:
+        self.name, self.work_dir = name, Path(work_dir)
+        self.health_path, self.check_interval_s = health_path, check_interval_s
+        self.check_timeout_s, self.start_timeout_s = check_timeout_s, start_timeout_s
+        self.process: Optional[subprocess.Popen] = None
+        self.serving = False
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # What a service defines -----------------------------------------------------------------------
+    @abstractmethod
+    def command(self) -> list[str]:
+        """argv of the service process (called at every (re)start)."""
+
+    @abstractmethod
+    def url(self) -> str:
+        """Where others reach the service once it serves."""
+
+    def environment(self) -> dict[str, str]:
+        return {}
+
+    def on_serving(self) -> None:
+        """Called after every (re)start once the service answers."""
+
+    def before_start(self) -> None:
+        """Called before every (re)start."""
+
+    # Lifecycle --------------------------------------------------------------------------------------
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / f"{self.name}.log"
+
+    def start(self) -> "Supervisor":
+        self._launch()
+        threading.Thread(target=self._watch, name=f"{self.name}-watch", daemon=True).start()
+        return self
+
+    def _launch(self) -> None:
+        self.serving = False
+        self.before_start()
+        self.process = spawn(self.command(), self.log_path, self.environment())
+        self._wait_healthy()
+        self.serving = True
+        self.on_serving()
+        log.info("%s serving at %s (pid %d)", self.name, self.url(), self.process.pid)
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode} while starting; "
+                                   f"log {self.log_path}:\n{_tail(self.log_path)}")
+            if self._probe(timeout_s=2.0):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} did not answer {self.health_path} in {self.start_timeout_s:.0f}s")
+
+    def _probe(self, timeout_s: float) -> bool:
+        try:
+            return httpx.get(self.url() + self.health_path, timeout=timeout_s).status_code == 200
+        except (httpx.HTTPError, OSError, RuntimeError):
+            return False
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.check_interval_s):
+            if self.process.poll() is None and self._probe(self.check_timeout_s):
+                continue
+            if self._stopping.is_set():
+                return
+            log.warning("%s is down (exit code %s): restarting", self.name, self.process.poll())
+            self.restart()
+
+    def restart(self) -> dict[str, Any]:
+        with self._lock:
+            terminate(self.process, grace_s=5.0)
+            self._launch()
+            self.restarts += 1
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        alive = self.process is not None and self.process.poll() is None
+        return {"name": self.name, "url": self.url() if self.serving else None, "serving": self.serving and alive,
+                "pid": self.process.pid if self.process else None, "restarts": self.restarts}
+
+    def shutdown(self, grace_s: float = 20.0) -> Optional[int]:
+        """Stop watching, SIGTERM the service (it drains), return its exit code."""
+        self._stopping.set()
+        with self._lock:
+            return terminate(self.process, grace_s) if self.process else None
+
+
+class ServiceActor(Supervisor):
+    """`python -m module args... --port 0 --url-file F`: the URL is read from the file at each start."""
+
+    def __init__(self, name: str, module: str, args: list[str], work_dir: str, env: Optional[dict[str, str]] = None,
+                 **supervisor_options: Any) -> None:
+        super().__init__(name, work_dir, **supervisor_options)
+        self.module, self.args, self.env = module, list(args), dict(env or {})
+        self._url: Optional[str] = None
+        self.start()
+
+    @property
+    def url_file(self) -> Path:
+        return self.work_dir / f"{self.name}.url"
+
+    def before_start(self) -> None:
+        self._url = None
+        self.url_file.unlink(missing_ok=True)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.args, "--port", "0", "--url-file", str(self.url_file)]
+
+    def environment(self) -> dict[str, str]:
+        return self.env
+
+    def url(self) -> str:
+        if self._url is None:
+            if not self.url_file.exists():
+                raise RuntimeError(f"{self.name} has not bound its port yet")
+            self._url = self.url_file.read_text().strip()
+        return self._url
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,47 @@
+"""torchrun worker of test_megatron_parallel.py: the megatron backend at TP=2, then EP=2, on 2 CPU
+processes (gloo). Rank 0 drives the backend as the RL loop would (the other rank follows) and writes
+what it measured as JSON to argv[1].
+
+    torchrun --nproc-per-node 2 tests/trainer/megatron_parallel_worker.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from asyncrl.config import MegatronConfig, TrainerConfig, load_model_section
+from tests.trainer.megatron_helpers import SEED, make_micro_batches, normalizer_of
+from trainer.backends.megatron_backend import MegatronBackend
+
+LAYOUTS = {"tp2": MegatronConfig(tensor_parallel=2), "ep2": MegatronConfig(expert_parallel=2)}
+
+
+def measure(layout: MegatronConfig) -> dict | None:
+    section = load_model_section("tiny")
+    micro_batches = make_micro_batches(section.arch)
+    backend = MegatronBackend(TrainerConfig(backend="megatron", lr=1e-3, megatron=layout), section, seed=SEED)
+    if not backend.is_leader:
+        backend.follow()
+        return None
+    logprobs = [backend.logprobs(mb).tolist() for mb in micro_batches]
+    result = backend.train_step(micro_batches, normalizer_of(micro_batches))
+    after = [backend.logprobs(mb).tolist() for mb in micro_batches]
+    weights = backend.hf_state_dict()
+    backend.close()
+    return {"logprobs": logprobs, "loss": result.loss, "grad_norm": result.grad_norm,
+            "num_tokens": result.num_tokens, "logprobs_after": after, "num_weights": len(weights),
+            "indexer_wk_sum": float(weights["model.layers.0.self_attn.indexer.wk.weight"].double().sum())}
+
+
+def main(out_path: str) -> None:
+    results = {name: measure(layout) for name, layout in LAYOUTS.items()}
+    if torch.distributed.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,103 @@
+"""`Trainer`: one run's trainer, usable in-process, as a Ray actor (`ray.remote(Trainer)`), or from
+`python -m trainer.run`.
+
+It owns the parts the RL loop (trainer/loop.py) drives: the backend, the group loader, checkpoints,
+weight sync and the metrics stream. Constructing it restores the newest checkpoint (model, optimizer,
+step, weight version, the groups of the step window that may still need an acknowledgement).
+
+Hooks for the launcher (issue 8):
+* async mode: `await trainer.run(total_steps)`; it trains whenever `groups_per_step` groups are ready.
+* sync mode: the launcher drives the loop itself: generate a batch of groups for the current weight
+  version, then `await trainer.step()` (one RL step: read, train, push if due, checkpoint if due) and
+  repeat. `trainer.state.weight_version` and the `weights` hash's `pushed_version` tell it when the
+  engines serve new weights.
+* `request_stop()` (also SIGTERM in trainer.run): finish the running step, checkpoint, acknowledge, return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Optional
+
+from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.store import Store
+from trainer.backends.base import TrainerBackend, make_backend
+from trainer.checkpoint import CheckpointManager
+from trainer.data import GroupLoader, StepBatch
+from trainer.weight_push import PushReport, WeightSync
+
+log = logging.getLogger("trainer")
+
+CONSUMER = "trainer-0"
+"""The loader's consumer name: the same after a restart, so the restarted trainer gets its own
+unacknowledged groups back first (Store.read_groups)."""
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, model: ModelSection, redis_url: str, run: str, run_dir: str,
+                 seed: int = 0, backend: Optional[TrainerBackend] = None) -> None:
+        self.cfg = cfg
+        self.backend = backend or make_backend(cfg, model, seed)
+        self.store = Store.connect(redis_url, run)
+        self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", cfg.keep_checkpoints)
+        self.weights = WeightSync(cfg.weight_push, self.store, Path(run_dir) / "weights")
+        self.state = self.checkpoints.restore(self.backend)
+        self.loader = GroupLoader(self.store, CONSUMER, cfg, trained_stream_ids=self.state.trained_stream_ids)
+        self.uncommitted: list[StepBatch] = []
+        """Trained batches whose groups wait for the next checkpoint to be acknowledged."""
+        self.stopping = asyncio.Event()
+        self._synced = False
+
+    # The loop (trainer/loop.py) ----------------------------------------------------------------------
+    async def run(self, total_steps: int) -> None:
+        from trainer.loop import train
+
+        await train(self, total_steps)
+
+    async def step(self, final: bool = False) -> Optional[dict[str, float]]:
+        """One RL step (sync mode); None when a stop was requested while waiting for groups."""
+        from trainer.loop import rl_step
+
+        await self.sync_engines()
+        return await rl_step(self, final)
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    # What the loop calls -----------------------------------------------------------------------------
+    async def sync_engines(self) -> None:
+        """Once, at start: if the engines serve a version this trainer's checkpoint does not hold (a
+        push after the last checkpoint, then a crash), push the restored weights as a newer version,
+        so versions only grow and no sample is labelled with weights that no longer exist."""
+        if self._synced:
+            return
+        self._synced = True
+        pushed = int((await self.store.get_weights()).get("pushed_version", self.state.weight_version))
+        if pushed != self.state.weight_version:
+            log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", pushed,
+                     self.state.weight_version)
+            await self.push_weights(max(pushed, self.state.weight_version) + 1, reset_optimizer=False)
+
+    async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
+        report = await self.weights.push(self.backend, version)
+        self.state.weight_version = version
+        if self.cfg.weight_push.reset_optimizer if reset_optimizer is None else reset_optimizer:
+            self.backend.reset_optimizer()
+        log.info("pushed weights v%d by %s to %d engines in %.3fs", version, report.method, report.engines,
+                 report.total_s)
+        return report
+
+    async def checkpoint_and_commit(self) -> None:
+        """Make the trained steps durable, then acknowledge their groups (never the other way round)."""
+        self.state.trained_stream_ids = [sid for batch in self.uncommitted for sid in batch.stream_ids]
+        await asyncio.to_thread(self.checkpoints.save, self.backend, self.state)
+        for batch in self.uncommitted:
+            await self.loader.commit(batch)
+        self.uncommitted.clear()
+
+    async def close(self) -> None:
+        await self.weights.close()
+        self.backend.close()
+        await self.store.close()

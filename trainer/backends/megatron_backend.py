@@ -1,0 +1,318 @@
+"""The megatron backend: GLM-5 on megatron-core (MLA + DSA + MoE modules, DDP, optimizer, TP/EP).
+
+Weights enter and leave as HF state dicts (megatron_convert), so this backend starts from the same
+checkpoint (or the same seeded random init) as the torch backend and pushes the same tensors to the
+engines. Per step: every micro-batch runs forward (vocab-parallel log-probs, megatron_logprobs) and
+backward into megatron DDP's grad buffers; `finalize_model_grads` reduces them (data parallel, and the
+sequence-parallel norms over TP); the megatron optimizer clips and steps, unless the grad norm is not
+finite. Loss terms share the step-wide `normalizer` and DDP sums (calculate_per_token_loss), so the
+gradient is the single-process one whatever the parallel layout.
+
+Processes: one (a private process group), or several under torchrun where tensor x expert parallel
+ranks come from `trainer.megatron`. The RL loop runs on rank 0; other ranks call `follow()` and execute
+the leader's calls (it broadcasts them with their micro-batches). On a CPU-only host the CUDA calls
+megatron makes are redirected by megatron_cpu_shims.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.io import FP32_TENSORS, dtype_from_name, read_tensors
+from asyncrl.model.model import Glm5ForCausalLM
+from trainer.backends import megatron_cpu_shims
+from trainer.backends.base import StepResult, TrainerBackend
+from trainer.losses import LossInputs, LossMetrics, build_loss
+from trainer.packing import MicroBatch
+
+METRIC_FIELDS = ("loss_tokens", "masked_tokens", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
+"""LossMetrics sums carried in the step's totals vector, after (loss, tokens)."""
+INDEXER = ".core_attention.indexer."
+STOP = "close"
+
+
+class MegatronBackend(TrainerBackend):
+    def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
+        super().__init__(cfg, model, seed)
+        megatron_cpu_shims.install()
+        from trainer.backends.megatron_convert import Ranks
+        from trainer.backends.megatron_model import ParallelSizes
+
+        if not cfg.freeze_indexer:
+            raise ValueError("megatron backend: only freeze_indexer=true is supported (RL keeps the DSA indexer "
+                             "fixed; its KL alignment loss is not wired to megatron's DSAIndexerLossAutoScaler)")
+        self.device = _device()
+        self.parallel = ParallelSizes(cfg.megatron.tensor_parallel, cfg.megatron.expert_parallel)
+        _init_parallel(self.parallel, self.device, seed)
+        self.ranks = Ranks.from_megatron()
+        self.arch, hf = initial_weights(model, seed)
+        self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
+        self.compute_dtype = dtype_from_name(model.dtype)
+        self.model = _wrap_ddp(self._build_model(hf))
+        self.optimizer = self._new_optimizer()
+        self.loss_fn = build_loss(cfg.loss)
+
+    def _build_model(self, hf: dict[str, Tensor]) -> torch.nn.Module:
+        """This rank's shards of the GPTModel, holding the HF weights; the indexer frozen."""
+        from trainer.backends.megatron_convert import load_hf_weights
+        from trainer.backends.megatron_model import build_gpt_model
+
+        module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device, self.cfg.grad_checkpointing)
+        load_hf_weights(module, hf, self.ranks)
+        for name, param in module.named_parameters():
+            if INDEXER in name:  # frozen: no gradient, so DDP and the optimizer never see it
+                param.requires_grad_(False)
+        return module
+
+    def _new_optimizer(self):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        config = OptimizerConfig(
+            optimizer="adam", lr=self.cfg.lr, min_lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+            adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,  # torch.optim.AdamW's defaults (torch backend)
+            clip_grad=self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"),
+            bf16=self.compute_dtype == torch.bfloat16, params_dtype=self.compute_dtype,
+            use_distributed_optimizer=False,
+        )
+        with megatron_cpu_shims.cuda_on_cpu():
+            return get_megatron_optimizer(config, [self.model])
+
+    # Leader / followers --------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return not dist.is_initialized() or dist.get_rank() == 0
+
+    def follow(self) -> None:
+        """Other ranks: run the leader's calls until it calls close()."""
+        while True:
+            message: list[Any] = [None]
+            dist.broadcast_object_list(message, src=0)
+            method, args = message[0]
+            if method == STOP:
+                return
+            getattr(self, f"_{method}")(*args)
+
+    def close(self) -> None:
+        if self.is_leader:
+            self._announce(STOP)
+
+    def _announce(self, method: str, *args: Any) -> None:
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list([(method, args)], src=0)
+
+    # Training ------------------------------------------------------------------------------------
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
+        self._announce("train_step", micro_batches, normalizer)
+        return self._train_step(micro_batches, normalizer)
+
+    def _train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import finalize_model_grads
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        totals = torch.zeros(2 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
+        for mb, weight in self._data_parallel_share(micro_batches):
+            totals += self._forward_backward(mb, normalizer, weight)
+        finalize_model_grads([self.model])
+        if ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(totals, group=ps.get_data_parallel_group())
+        with megatron_cpu_shims.cuda_on_cpu():
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            finite = math.isfinite(grad_norm)
+            if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip
+                self.optimizer.step()  # clips to trainer.grad_clip, then steps (dense and expert groups)
+        return _result(totals, grad_norm, skipped=not finite)
+
+    def _data_parallel_share(self, micro_batches: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
+        """This DP rank's micro-batches (token-balanced), as (micro-batch, loss weight). Expert
+        parallelism runs collectives inside every MoE layer, so all ranks run the same number of
+        passes: a rank short of micro-batches repeats one with weight 0."""
+        from megatron.core import parallel_state as ps
+
+        shares = split_by_tokens(micro_batches, ps.get_data_parallel_world_size())
+        mine = [(mb, 1.0) for mb in shares[ps.get_data_parallel_rank()]]
+        if self.parallel.expert > 1 and micro_batches:
+            mine += [(micro_batches[0], 0.0)] * (max(len(s) for s in shares) - len(mine))
+        return mine
+
+    def _forward_backward(self, mb: MicroBatch, normalizer: int, weight: float) -> Tensor:
+        """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
+        out = self._token_logprobs(mb, with_entropy=True)
+        mb = mb.to(self.device)
+        old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
+        loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
+                                                old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
+                                                normalizer=normalizer))
+        (loss * weight).backward()
+        values = [loss.detach(), loss.new_tensor(float(mb.num_tokens)), *(getattr(metrics, f) for f in METRIC_FIELDS)]
+        return torch.stack([v.to(loss.dtype) for v in values]).double() * weight
+
+    def _token_logprobs(self, mb: MicroBatch, with_entropy: bool):
+        from megatron.core import parallel_state as ps
+        from trainer.backends.megatron_logprobs import pack_for_megatron, token_logprobs
+
+        packed = pack_for_megatron(mb, self.parallel.tensor, self.device)
+        return token_logprobs(self.model, packed, ps.get_tensor_model_parallel_group(), with_entropy)
+
+    @torch.no_grad()
+    def logprobs(self, micro_batch: MicroBatch) -> Tensor:
+        self._announce("logprobs", micro_batch)
+        return self._logprobs(micro_batch)
+
+    @torch.no_grad()
+    def _logprobs(self, micro_batch: MicroBatch) -> Tensor:
+        self.model.eval()
+        return self._token_logprobs(micro_batch, with_entropy=False).logprobs.float().cpu()
+
+    def reset_optimizer(self) -> None:
+        self._announce("reset_optimizer")
+        self._reset_optimizer()
+
+    def _reset_optimizer(self) -> None:
+        self.optimizer = self._new_optimizer()
+
+    # Weights and checkpoints -----------------------------------------------------------------------
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """HF-named weights in the compute dtype (router in fp32), MTP tensors included. Collective:
+        the leader's call makes the followers gather too. Unsharded fp32 tensors are views of the live
+        weights (as the torch backend's): use them before the next step."""
+        self._announce("gather_hf")
+        return self._gather_hf()
+
+    def _gather_hf(self) -> dict[str, Tensor]:
+        from trainer.backends.megatron_convert import gather_hf_weights
+
+        tensors = gather_hf_weights(self.model.module, self.ranks)
+        tensors = {name: t.to(torch.float32 if name.endswith(FP32_TENSORS) else self.compute_dtype)
+                   for name, t in tensors.items()}
+        return {**tensors, **self.mtp_tensors}
+
+    def save_checkpoint(self, path: Path) -> None:
+        """<path>/model: HF checkpoint (config.json + model.safetensors, from the leader);
+        <path>/optimizer_rank{r}.pt: each rank's optimizer state (its shards' moments and masters)."""
+        self._announce("save_checkpoint", str(path))
+        self._save_checkpoint(str(path))
+
+    def _save_checkpoint(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        tensors = self._gather_hf()
+        if self.is_leader:
+            model_dir = Path(path) / "model"
+            model_dir.mkdir(parents=True, exist_ok=True)
+            self.arch.save(model_dir)
+            save_file({name: t.contiguous().cpu() for name, t in tensors.items()}, model_dir / "model.safetensors",
+                      metadata={"format": "pt"})
+        _barrier()
+        torch.save(self.optimizer.state_dict(), Path(path) / f"optimizer_rank{_rank()}.pt")
+
+    def load_checkpoint(self, path: Path) -> None:
+        self._announce("load_checkpoint", str(path))
+        self._load_checkpoint(str(path))
+
+    def _load_checkpoint(self, path: str) -> None:
+        from trainer.backends.megatron_convert import load_hf_weights
+
+        hf = read_tensors(Path(path) / "model")
+        self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
+        load_hf_weights(self.model.module, hf, self.ranks)
+        state = torch.load(Path(path) / f"optimizer_rank{_rank()}.pt", map_location=self.device, weights_only=False)
+        with megatron_cpu_shims.cuda_on_cpu():
+            self.optimizer.load_state_dict(state)
+
+
+# Setup helpers --------------------------------------------------------------------------------------
+def initial_weights(section: ModelSection, seed: int) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(architecture, HF tensors): the checkpoint at `section.path`, else asyncrl's seeded random init
+    (the torch backend's, so both backends start from identical weights)."""
+    if section.path:
+        return ModelConfig.from_pretrained(section.path), read_tensors(section.path)
+    from asyncrl.model.io import checkpoint_tensors
+
+    return section.arch, checkpoint_tensors(Glm5ForCausalLM.from_config(section.arch, seed=seed))
+
+
+def is_mtp(name: str, arch: ModelConfig) -> bool:
+    """MTP layers (model.layers.{num_hidden_layers + i}.*) ride along unchanged; megatron runs none."""
+    parts = name.split(".")
+    return name.startswith("model.layers.") and int(parts[2]) >= arch.num_hidden_layers
+
+
+def split_by_tokens(micro_batches: list[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
+    """Micro-batches per DP rank: largest first onto the least loaded rank (ties: lowest rank)."""
+    order = sorted(range(len(micro_batches)), key=lambda i: (-micro_batches[i].num_tokens, i))
+    load, owner = [0] * world_size, {}
+    for i in order:
+        owner[i] = min(range(world_size), key=lambda r: (load[r], r))
+        load[owner[i]] += micro_batches[i].num_tokens
+    return [[mb for i, mb in enumerate(micro_batches) if owner[i] == rank] for rank in range(world_size)]
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _init_parallel(parallel, device: torch.device, seed: int) -> None:
+    """torch.distributed (torchrun's env://, or a private one-process group), megatron's groups and
+    its per-group RNG tracker."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend)
+        else:
+            store = dist.FileStore(tempfile.mktemp(prefix="asyncrl-megatron-"), 1)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    if ps.model_parallel_is_initialized():
+        sizes = (ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size())
+        if sizes != (parallel.tensor, parallel.expert):
+            ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
+                                     expert_model_parallel_size=parallel.expert, expert_tensor_parallel_size=1)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _wrap_ddp(module: torch.nn.Module):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+    module.config.finalize_model_grads_func = finalize_model_grads  # else DP grads are never reduced
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    with megatron_cpu_shims.cuda_on_cpu():
+        return DistributedDataParallel(config=module.config, ddp_config=ddp_config, module=module)
+
+
+def _result(totals: Tensor, grad_norm: float, skipped: bool) -> StepResult:
+    loss, tokens, *sums = totals.tolist()
+    metrics = LossMetrics(**{name: torch.tensor(v) for name, v in zip(METRIC_FIELDS, sums)}).summary()
+    metrics["skipped_step"] = float(skipped)
+    return StepResult(loss=loss, grad_norm=grad_norm, num_tokens=int(tokens), metrics=metrics)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,176 @@
+"""The torch backend: asyncrl's own GLM-5 model, AdamW, data parallelism over torch.distributed.
+
+CPU by default (`trainer.device`), one process or several under torchrun (gloo; NCCL on GPU; see
+data_parallel.py). Master weights and optimizer state are fp32; `model.dtype: bfloat16` runs the
+forward and backward under autocast, as the engines compute in bf16. The DSA indexer is frozen by
+default (no gradient, not in the optimizer); unfrozen, it learns from its KL alignment loss only.
+
+IcePop's pi_train_old is the log-prob of this step's own forward, detached: one RL step is one
+optimizer step, so the weights at the start of the step are the weights of that forward and a
+separate no-grad pass would compute the same numbers again.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.model.io import (checkpoint_tensors, dtype_from_name, load_pretrained, load_weights, read_tensors,
+                              save_pretrained)
+from asyncrl.model.model import Glm5ForCausalLM
+from trainer.backends.base import StepResult, TrainerBackend
+from trainer.backends.data_parallel import STOP, DataParallel
+from trainer.losses import LossInputs, LossMetrics, build_loss
+from trainer.packing import MicroBatch
+
+METRIC_FIELDS = ("loss_tokens", "masked_tokens", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
+"""LossMetrics sums carried in the step's totals vector, after (loss, indexer_kl, tokens)."""
+
+
+def select_device(name: str) -> torch.device:
+    """`cpu`, `cuda` (this process's LOCAL_RANK GPU) or `auto`."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"trainer.device {name!r} not in ['auto', 'cpu', 'cuda']")
+
+
+def build_model(section: ModelSection, seed: int) -> Glm5ForCausalLM:
+    """fp32 master weights: the checkpoint at `section.path`, else a random init from `section.arch`."""
+    if section.path:
+        return load_pretrained(section.path, dtype=torch.float32)
+    return Glm5ForCausalLM.from_config(section.arch, seed=seed)
+
+
+class TorchBackend(TrainerBackend):
+    def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
+        super().__init__(cfg, model, seed)
+        self.device = select_device(cfg.device)
+        self.dp = DataParallel(self.device)
+        self.compute_dtype = dtype_from_name(model.dtype)
+        self.model = build_model(model, seed).to(self.device)
+        if cfg.freeze_indexer:
+            self.model.freeze_indexer()
+        self.model.set_gradient_checkpointing(cfg.grad_checkpointing)
+        self.dp.broadcast_parameters(self.model)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._new_optimizer()
+        self.loss_fn = build_loss(cfg.loss)
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    # Leader / followers ----------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self.dp.is_leader
+
+    def follow(self) -> None:
+        self.dp.serve(lambda method, args: getattr(self, f"_{method}")(*args))
+
+    def close(self) -> None:
+        if self.dp.is_leader:
+            self.dp.announce(STOP)
+        self.dp.close()
+
+    # Training ----------------------------------------------------------------------------------------
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
+        step_tokens = sum(mb.num_tokens for mb in micro_batches)
+        self.dp.announce("train_step", normalizer, step_tokens)
+        return self._train_step(normalizer, step_tokens, micro_batches)
+
+    def _train_step(self, normalizer: int, step_tokens: int, micro_batches: Optional[list[MicroBatch]] = None
+                    ) -> StepResult:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = torch.zeros(3 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
+        for mb in self.dp.scatter(micro_batches):
+            totals += self._forward_backward(mb.to(self.device), normalizer, step_tokens)
+        totals = self.dp.sum(totals)
+        self.dp.sum_gradients(self.trainable)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip if self.cfg.grad_clip > 0
+                                                   else float("inf"))
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip the update
+            self.optimizer.step()
+        return self._result(totals, float(grad_norm), skipped=not finite)
+
+    def _forward_backward(self, mb: MicroBatch, normalizer: int, step_tokens: int) -> Tensor:
+        """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
+        train_indexer = not self.cfg.freeze_indexer
+        with self._autocast():
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, indexer_kl=train_indexer,
+                                            attention_impl=self._attention_impl(mb))
+        old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
+        loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
+                                                old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
+                                                normalizer=normalizer))
+        indexer_kl = loss.new_zeros(()) if out.indexer_kl is None else out.indexer_kl * (mb.num_tokens / step_tokens)
+        (loss + self.cfg.indexer_kl_coef * indexer_kl).backward()
+        return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)),
+                            *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()
+
+    def _attention_impl(self, mb: MicroBatch) -> str:
+        dense = self.cfg.freeze_indexer and mb.max_seqlen <= self.cfg.dense_attention_up_to
+        return "dense" if dense else "sparse"
+
+    def _result(self, totals: Tensor, grad_norm: float, skipped: bool) -> StepResult:
+        loss, indexer_kl, tokens, *sums = totals.tolist()
+        metrics = LossMetrics(**{name: torch.tensor(v) for name, v in zip(METRIC_FIELDS, sums)}).summary()
+        metrics["skipped_step"] = float(skipped)
+        if not self.cfg.freeze_indexer:
+            metrics["indexer_kl"] = indexer_kl
+        return StepResult(loss=loss, grad_norm=grad_norm, num_tokens=int(tokens), metrics=metrics)
+
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @torch.no_grad()
+    def logprobs(self, micro_batch: MicroBatch) -> Tensor:
+        self.model.eval()
+        mb = micro_batch.to(self.device)
+        with self._autocast():
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, with_entropy=False,
+                                            attention_impl=self._attention_impl(mb))
+        return out.logprobs.float().cpu()
+
+    def reset_optimizer(self) -> None:
+        self.dp.announce("reset_optimizer")
+        self._reset_optimizer()
+
+    def _reset_optimizer(self) -> None:
+        self.optimizer = self._new_optimizer()
+
+    # Weights and checkpoints -------------------------------------------------------------------------
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """HF-named weights in the compute dtype (what engines serve; the router stays fp32), on the
+        training device. fp32 tensors are views of the live weights: use them before the next step."""
+        return checkpoint_tensors(self.model, dtype=self.compute_dtype)
+
+    def save_checkpoint(self, path: Path) -> None:
+        """<path>/model: the fp32 master weights as an HF checkpoint; <path>/optimizer.pt. Leader only:
+        every rank holds the same state."""
+        save_pretrained(self.model, Path(path) / "model")
+        torch.save(self.optimizer.state_dict(), Path(path) / "optimizer.pt")
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.dp.announce("load_checkpoint", str(path))
+        self._load_checkpoint(str(path))
+
+    def _load_checkpoint(self, path: str) -> None:
+        load_weights(self.model, read_tensors(Path(path) / "model"))
+        state = torch.load(Path(path) / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state)

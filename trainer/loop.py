@@ -1,0 +1,90 @@
+"""The RL loop: read complete groups, train one optimizer step, push weights every K steps,
+checkpoint, acknowledge, report.
+
+    groups (Redis) -> GroupLoader.next_step -> backend.train_step -> [push every K] -> [checkpoint -> XACK]
+
+Order matters: the push comes before the checkpoint, so a checkpoint holds the weight version the
+engines serve and the optimizer state after its reset; groups are acknowledged only after the
+checkpoint that holds their step is durable (trainer/checkpoint.py has the crash cases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from trainer.backends.base import StepResult
+from trainer.data import StepBatch
+from trainer.weight_push import PushReport
+
+if TYPE_CHECKING:
+    from trainer.actor import Trainer
+
+
+async def train(t: Trainer, total_steps: int) -> None:
+    """Run until `total_steps` optimizer steps (counting those before a restart) or a stop request."""
+    await t.sync_engines()
+    while t.state.step < total_steps and not t.stopping.is_set():
+        await rl_step(t, final=t.state.step + 1 == total_steps)
+    if t.uncommitted:  # stopped early: make what was trained durable before returning
+        await t.checkpoint_and_commit()
+
+
+async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]:
+    cfg, state = t.cfg, t.state
+    started = time.perf_counter()
+    batch = await next_batch(t)                                    # blocks until groups_per_step usable groups
+    if batch is None:
+        return None
+    waited = time.perf_counter() - started
+    result = await asyncio.to_thread(t.backend.train_step, batch.micro_batches,
+                                     batch.normalizer(cfg.loss.aggregation))
+    trained = time.perf_counter() - started - waited
+    state.step += 1
+    t.uncommitted.append(batch)
+    push = None
+    if state.step % cfg.weight_push.every_k_steps == 0:
+        push = await t.push_weights(state.weight_version + 1)     # pause engines, transfer, continue
+    if state.step % cfg.checkpoint_every == 0 or final:
+        await t.checkpoint_and_commit()                            # durable, then XACK
+    metrics = step_metrics(batch, result, push, state.step, state.weight_version, waited, trained,
+                           time.perf_counter() - started)
+    await t.store.add_metrics("trainer", metrics)
+    return metrics
+
+
+async def next_batch(t: Trainer) -> Optional[StepBatch]:
+    """The next step's batch, or None once a stop is requested (the loader takes its groups back)."""
+    read = asyncio.ensure_future(t.loader.next_step(t.state.weight_version))
+    stop = asyncio.ensure_future(t.stopping.wait())
+    await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if read.done():
+        return read.result()
+    read.cancel()
+    await asyncio.gather(read, return_exceptions=True)
+    return None
+
+
+def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport], step: int, weight_version: int,
+                 wait_s: float, train_s: float, step_s: float) -> dict[str, float]:
+    """The `trainer` record of the metrics stream for one step."""
+    samples = {s.sample_id: s for g in batch.groups for s in g.samples}
+    trained = [samples[sid] for mb in batch.micro_batches for sid in mb.sample_ids]
+    staleness = [batch.weight_version - s.first_weight_version for s in trained if s.first_weight_version >= 0]
+    metrics = {
+        "step": step, "weight_version": weight_version, "loss": result.loss, "grad_norm": result.grad_norm,
+        "tokens": result.num_tokens, "tokens_per_s": result.num_tokens / max(train_s, 1e-9),
+        "reward_mean": float(np.mean([s.reward for s in trained])) if trained else 0.0,
+        "staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+        "staleness_max": float(max(staleness, default=0)), "fill_ratio": batch.fill_ratio,
+        "wait_s": wait_s, "train_s": train_s, "step_s": step_s,
+        **{f"filter_{k}": v for k, v in vars(batch.stats).items()}, **result.metrics,
+    }
+    if push is not None:
+        metrics |= {"push_s": push.total_s, "push_paused_s": push.pause_s + push.update_s + push.resume_s,
+                    "push_failed_engines": len(push.failed)}
+    return {k: float(v) for k, v in metrics.items()}

@@ -1,0 +1,287 @@
+"""Trainer weights -> every engine, every K optimizer steps.
+
+    sync = WeightSync(cfg.weight_push, store, run_dir / "weights")
+    report = await sync.push(backend, version)      # pause engines -> transfer -> continue
+
+The engines are the ones registered in the store (`engines` hash, maintained by the engine actors).
+Sequence of one push:
+
+1. gather the HF-named weights (backend.hf_state_dict) in the engines' dtype;
+2. disk only: write the snapshot directory (atomic) and record it in the `weights` hash *before*
+   touching an engine, so an engine restarting during the push already comes up with it;
+3. pause every engine concurrently (`pause_mode`; in_place by default: running requests keep their
+   KV cache and continue with the new weights, their tokens recording both weight versions);
+4. transfer with the configured method (`PUSHERS`), to every engine concurrently;
+5. continue every engine, always, even when a transfer failed;
+6. record the push in the `weights` hash.
+
+The `weights` hash: `version` + `location` name the newest snapshot on disk (what a restarted engine
+loads, labelled with that version), `pushed_version` is what the engines were last told to serve.
+For `disk` they are equal; `tensor` and `distributed` write a snapshot every
+`snapshot_every_pushes` pushes (after the engines continue), so a restarted engine may serve older
+weights until the next push reaches it: its samples carry the older version and the staleness
+filter handles them.
+
+An engine that fails (dead, HTTP error) is reported in PushReport.failed and skipped; the push
+goes on for the others. Its actor restarts it with the recorded snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Awaitable, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.config import WeightPushConfig
+from asyncrl.engine_client import EngineClient
+from asyncrl.model.config import ModelConfig
+from asyncrl.model.io import save_tensors
+from asyncrl.store import Store
+from trainer.atomic_dir import prune, write_atomically
+from trainer.backends.base import TrainerBackend
+
+log = logging.getLogger(__name__)
+
+GROUP_NAME = "asyncrl_weights"
+PAUSE_MODES = ("in_place", "retract", "abort")
+KEY_SPACES = {"builtin": ("default_pg", "0"), "sglang": (GROUP_NAME, GROUP_NAME)}
+"""engine_kind -> the two prefixes its side of the broadcast group puts on the rendezvous keys (BroadcastGroup)."""
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class PushReport:
+    method: str
+    version: int
+    engines: int
+    bytes: int
+    prepare_s: float = 0.0
+    """Gathering the weights (+ writing the snapshot for disk), engines still generating."""
+    pause_s: float = 0.0
+    update_s: float = 0.0
+    resume_s: float = 0.0
+    total_s: float = 0.0
+    snapshot: Optional[str] = None
+    failed: dict[str, str] = field(default_factory=dict)
+    """engine id -> error, for engines that did not take the new weights."""
+
+
+class WeightPusher(ABC):
+    """One transfer method: moves `tensors` into every given (paused) engine. Raising means the method
+    itself broke: every engine of the push counts as failed and `close` resets the method."""
+
+    needs_snapshot = False
+    """True when engines read the weights from a snapshot directory written before the transfer."""
+
+    def __init__(self, cfg: WeightPushConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    async def update(self, clients: dict[str, EngineClient], tensors: Tensors, version: int,
+                     snapshot: Optional[Path]) -> dict[str, str]:
+        """Transfer to every engine; -> engine id -> error for the ones that failed."""
+
+    async def close(self) -> None:
+        """Release what the method holds between pushes."""
+
+
+class DiskPusher(WeightPusher):
+    needs_snapshot = True
+
+    async def update(self, clients, tensors, version, snapshot):
+        return await each(clients, lambda c: c.update_weights_from_disk(str(snapshot), str(version)))
+
+
+class TensorPusher(WeightPusher):
+    async def update(self, clients, tensors, version, snapshot):
+        return await each(clients, lambda c: c.update_weights_from_tensor(tensors, str(version)))
+
+
+class DistributedPusher(WeightPusher):
+    """One torch.distributed group: the trainer is rank 0, engine i (by engine id) rank i + 1. Built at
+    the first push, rebuilt when the set of engines changes (a restart, a new engine) or a push failed."""
+
+    def __init__(self, cfg: WeightPushConfig) -> None:
+        super().__init__(cfg)
+        self.group: Optional[BroadcastGroup] = None
+        self.members: dict[str, str] = {}  # engine id -> url of the current group's engines
+
+    async def update(self, clients, tensors, version, snapshot):
+        if self.group is None or self.members != {eid: c.base_url for eid, c in clients.items()}:
+            await self._rebuild(clients, next(iter(tensors.values())).device)
+        tensors = {name: t.to(self.group.device) for name, t in tensors.items()}
+        announced = [c.update_weights_from_distributed(tensors, str(version), GROUP_NAME) for c in clients.values()]
+        await asyncio.gather(asyncio.to_thread(self.group.broadcast, list(tensors.values())), *announced)
+        return {}
+
+    async def _rebuild(self, clients: dict[str, EngineClient], device: torch.device) -> None:
+        """A new group with exactly `clients` (rank 0 here); engines of the old one leave it first."""
+        await self.close()
+        backend = self.cfg.distributed_backend
+        backend = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
+        address, port, world = self.cfg.master_address or node_address(), free_port(), len(clients) + 1
+        joins = [c.init_weights_update_group(address, port, i + 1, world, GROUP_NAME, backend)
+                 for i, c in enumerate(clients.values())]
+        self.group, *_ = await asyncio.gather(
+            asyncio.to_thread(BroadcastGroup, address, port, world, backend, self.cfg.engine_kind, self.cfg.timeout_s),
+            *joins)
+        self.members = {eid: c.base_url for eid, c in clients.items()}
+        log.info("weights broadcast group %s:%d (%s) with %d engines", address, port, backend, len(clients))
+
+    async def close(self) -> None:
+        """Engines leave the group (best effort: some may be gone), then the trainer drops its end."""
+        if self.members:
+            clients = {eid: EngineClient(url, timeout_s=30) for eid, url in self.members.items()}
+            await each(clients, lambda c: c.destroy_weights_update_group(GROUP_NAME))
+            await asyncio.gather(*(c.close() for c in clients.values()))
+        self.group, self.members = None, {}
+
+
+PUSHERS: dict[str, type[WeightPusher]] = {"disk": DiskPusher, "tensor": TensorPusher, "distributed": DistributedPusher}
+
+
+class BroadcastGroup:
+    """Rank 0 of the engines' weight-update group, built without touching this process's default
+    process group (a data-parallel trainer already has one).
+
+    The engines create their end with torch's own helpers, which namespace the rendezvous keys:
+    asyncrl's engine calls `init_process_group` (keys under "default_pg" / "0/" / "<device>/"), SGLang
+    its `init_custom_process_group` (under group_name / "group_name/" / "<device>/"). The trainer hosts
+    the TCPStore and builds its ProcessGroup on the same key space; tests/trainer/test_weight_push.py
+    checks it against a real engine."""
+
+    def __init__(self, address: str, port: int, world_size: int, backend: str, engine_kind: str,
+                 timeout_s: float) -> None:
+        timeout = timedelta(seconds=timeout_s)
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
+        self.tcp_store = dist.TCPStore(address, port, world_size, is_master=True, timeout=timeout,
+                                       wait_for_workers=False)
+        outer, group = KEY_SPACES[engine_kind]
+        store = dist.PrefixStore(outer, self.tcp_store)
+        store = dist.PrefixStore(f"{self.device.type}/", dist.PrefixStore(f"{group}/", store))
+        if backend == "nccl":
+            self.pg = dist.ProcessGroupNCCL(store, 0, world_size)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, 0, world_size, timeout)
+
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self.pg.broadcast([tensor.contiguous()], dist.BroadcastOptions()).wait()
+
+
+class WeightSync:
+    """The push sequence around a WeightPusher (module docstring)."""
+
+    def __init__(self, cfg: WeightPushConfig, store: Store, weights_dir: Path) -> None:
+        if cfg.method not in PUSHERS:
+            raise ValueError(f"weight_push.method {cfg.method!r} not in {sorted(PUSHERS)}")
+        if cfg.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"weight_push.pause_mode {cfg.pause_mode!r} not in {list(PAUSE_MODES)}")
+        if cfg.engine_kind not in KEY_SPACES:
+            raise ValueError(f"weight_push.engine_kind {cfg.engine_kind!r} not in {sorted(KEY_SPACES)}")
+        self.cfg, self.store, self.weights_dir = cfg, store, Path(weights_dir)
+        self.pusher = PUSHERS[cfg.method](cfg)
+        self.pushes = 0
+        self.clients: dict[str, EngineClient] = {}
+        """engine id -> client, kept across pushes (a new HTTP client costs tens of ms)."""
+
+    async def push(self, backend: TrainerBackend, version: int) -> PushReport:
+        start = time.perf_counter()
+        tensors = backend.hf_state_dict()
+        report = PushReport(self.cfg.method, version, 0, sum(t.numel() * t.element_size() for t in tensors.values()))
+        snapshot = None
+        if self.pusher.needs_snapshot:
+            snapshot = await self._snapshot(tensors, backend.hf_config(), version)
+        report.prepare_s = time.perf_counter() - start
+        await self._transfer(await self._engines(), tensors, version, snapshot, report)
+        self.pushes += 1
+        if snapshot is None and self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0:
+            snapshot = await self._snapshot(tensors, backend.hf_config(), version)
+        await self._record(version, snapshot)
+        report.snapshot, report.total_s = snapshot and str(snapshot), time.perf_counter() - start
+        if report.failed:
+            log.warning("weights v%d did not reach %s", version, report.failed)
+        return report
+
+    async def _engines(self) -> dict[str, EngineClient]:
+        """Clients of the engines registered now (by engine id), reusing those whose URL is unchanged."""
+        engines = await self.store.engines()
+        for eid in [e for e, c in self.clients.items() if engines.get(e) != c.base_url]:
+            await self.clients.pop(eid).close()
+        for eid, url in engines.items():
+            self.clients.setdefault(eid, EngineClient(url, timeout_s=self.cfg.timeout_s))
+        return {eid: self.clients[eid] for eid in sorted(engines)}
+
+    async def _transfer(self, clients: dict[str, EngineClient], tensors: Tensors, version: int,
+                        snapshot: Optional[Path], report: PushReport) -> None:
+        """Pause, update, continue; engines that fail a stage are reported and left out of the next."""
+        t = time.perf_counter()
+        report.failed = await each(clients, lambda c: c.pause(self.cfg.pause_mode))
+        paused = {eid: c for eid, c in clients.items() if eid not in report.failed}
+        report.engines, report.pause_s = len(paused), time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            if paused:
+                report.failed |= await self.pusher.update(paused, tensors, version, snapshot)
+        except Exception as err:  # the method itself broke (e.g. the broadcast group): no engine is trusted
+            log.exception("weights v%d: %s push failed", version, self.cfg.method)
+            report.failed |= {eid: f"{type(err).__name__}: {err}" for eid in paused}
+            await self.pusher.close()
+        finally:
+            report.update_s, t = time.perf_counter() - t, time.perf_counter()
+            report.failed |= await each(paused, lambda c: c.resume())
+            report.resume_s = time.perf_counter() - t
+
+    async def _snapshot(self, tensors: Tensors, config: ModelConfig, version: int) -> Path:
+        dtype = tensors["model.embed_tokens.weight"].dtype
+        path = await asyncio.to_thread(write_atomically, self.weights_dir / f"v{version:08d}",
+                                       lambda tmp: save_tensors(tensors, config, tmp, dtype))
+        prune(self.weights_dir, "v*", self.cfg.keep_snapshots)
+        return path
+
+    async def _record(self, version: int, snapshot: Optional[Path]) -> None:
+        """`weights` hash: the newest snapshot (version, location) and the pushed version."""
+        if snapshot is not None:
+            snap_version, location = version, str(snapshot)
+        else:
+            current = await self.store.get_weights()
+            snap_version, location = int(current.get("version", 0)), current.get("location", "")
+        await self.store.set_weights(snap_version, location, pushed_version=version, method=self.cfg.method)
+
+    async def close(self) -> None:
+        await self.pusher.close()
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+        self.clients.clear()
+
+
+async def each(clients: dict[str, EngineClient], call: Callable[[EngineClient], Awaitable]) -> dict[str, str]:
+    """Run `call` on every engine concurrently; -> engine id -> error message of the ones that failed."""
+    results = await asyncio.gather(*(call(c) for c in clients.values()), return_exceptions=True)
+    return {eid: f"{type(r).__name__}: {r}" for eid, r in zip(clients, results) if isinstance(r, BaseException)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address() -> str:
+    """This node's address as other nodes see it (Ray's view when running under Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
