@@ -113,20 +113,55 @@ class OrchestratorConfig:
     host: str = "127.0.0.1"
     port: int = 0
     auth_token: Optional[str] = None
+    """When set, every /v1 route requires `Authorization: Bearer <token>` (/health, /metrics stay open)."""
+    sessions: str = "gateway"
+    """Where episodes get their LLM endpoint: `gateway` (a TITO gateway session per episode, trajectories
+    recorded) or `endpoint` (every episode uses `llm_url` directly, nothing recorded: evaluation, benchmarks)."""
+    gateway_url: Optional[str] = None
+    gateway_token: Optional[str] = None
+    llm_url: Optional[str] = None
+    """OpenAI-compatible base URL for `sessions: endpoint`."""
+    model_name: str = "asyncrl"
+    """`model` field of the episodes' LLM endpoint."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling of every model turn of an episode (max_new_tokens is sent to envs as max_tokens)."""
+    seed: int = 0
+    """Seeds the task order of every env and the episodes' seeds."""
     max_in_flight: int = 1024
+    """Episodes running at env services at once, over all envs."""
+    max_groups: Optional[int] = None
+    """Start at most this many groups in the run, then finish them (evaluation runs, tests); None = forever."""
     group_size: int = 8
     """GRPO group: episodes of one task, one gateway session each."""
     max_attempts: int = 3
+    """Dispatches of one episode that may fail (HTTP error, timeout, missed heartbeats, env status failed)
+    before it is given up; refusals (429/503) and orchestrator restarts do not count."""
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 15.0
+    """No heartbeat (or successful /health probe) for this long: the service is unhealthy."""
     episode_timeout_s: float = 600.0
+    """Sent to envs as deadline_s; the orchestrator gives up on the request `request_grace_s` later."""
+    request_grace_s: float = 30.0
     max_turns: int = 20
     domain_weights: dict[str, float] = field(default_factory=dict)
-    """Dispatch ratios by domain or env name, e.g. {swe: 2, terminal: 1, search: 1}; missing = env's own weight."""
+    """Dispatch ratios by env name or domain, e.g. {swe: 2, terminal: 1, search: 1}; a domain's weight is
+    shared by its envs (in proportion to their registered weights); missing = env's registered weight."""
     rate_limits: dict[str, float] = field(default_factory=dict)
     """Episodes per second per env name; missing = unlimited."""
     max_unconsumed_groups: int = 256
-    """Backpressure: dispatch pauses while this many complete groups wait for the trainer."""
+    """Backpressure: new groups wait while complete groups the trainer has not consumed plus open groups
+    reach this many (0 = off). Keep it above max_in_flight / group_size, or it caps the groups in flight."""
+    staleness_limit: Optional[int] = None
+    """Backpressure: start group n only while n < (weight_version + staleness_limit + 1) * groups_per_step,
+    so no group is generated more than this many weight versions ahead of the trainer (None = off)."""
+    groups_per_step: int = 4
+    """Groups the trainer consumes per optimizer step (used by staleness_limit)."""
+    backpressure_interval_s: float = 1.0
+    """How often the trainer-side signals (unconsumed groups, weight version) are read from Redis."""
+    lease_ttl_s: float = 10.0
+    """One orchestrator per run: it holds a Redis lease; a successor waits until it expires."""
+    rate_window_s: float = 10.0
+    """Window of the episodes_per_s figure."""
 
 
 @dataclass

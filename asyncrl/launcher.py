@@ -184,7 +184,8 @@ class Job:
                 "--temperature", str(sampling.temperature), "--top-p", str(sampling.top_p),
                 "--max-tokens", str(sampling.max_new_tokens)]
         if not sync:
-            args += ["--staleness-limit", str(cfg.trainer.staleness_tau)]
+            args += ["--staleness-limit", str(cfg.trainer.staleness_tau),
+                     "--groups-per-step", str(cfg.trainer.groups_per_step)]
         if o.domain_weights:
             args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
         if o.rate_limits:

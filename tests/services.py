@@ -14,17 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class ServiceProcess:
-    """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves."""
+    """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves.
+    A fixed `port` restarts a service where its clients expect it."""
 
     def __init__(self, module: str, args: list[str], workdir: Path, name: Optional[str] = None,
-                 env: Optional[dict[str, str]] = None) -> None:
+                 env: Optional[dict[str, str]] = None, port: int = 0) -> None:
         self.name = name or module
         self.url_file = workdir / f"{self.name}.url"
         self.log_path = workdir / f"{self.name}.log"
         self.url_file.unlink(missing_ok=True)
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "--port", "0", "--url-file", str(self.url_file)],
+            [sys.executable, "-m", module, *args, "--port", str(port), "--url-file", str(self.url_file)],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.url = self._wait_url()
 

@@ -1,21 +1,33 @@
-"""Wire types of the orchestrator's env registry (shared/protocols/orchestrator.md, env-service.md).
+"""Wire types of the orchestrator's HTTP API (shared/protocols/orchestrator.md, env-service.md).
 
-Env services send these (self-registration, heartbeats); the orchestrator serves them.
+Env services send the registry types (self-registration, heartbeats); operators send them through
+`asyncrl env register|list|remove`; dashboards and the trainer read `StatusResponse`. No logic here.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal, Optional
+
+from pydantic import BaseModel, Field
+
+HeartbeatMode = Literal["push", "probe"]
 
 
+# Env registry ------------------------------------------------------------------------------------
 class RegisterRequest(BaseModel):
     """POST {orchestrator}/v1/envs"""
 
-    name: str
-    domain: str
-    url: str
-    capacity: int
-    weight: float = 1.0
+    name: str = Field(min_length=1, max_length=128)
+    """Env name: services with the same name are replicas serving the same tasks."""
+    domain: str = Field("", max_length=128)
+    url: str = Field(min_length=1)
+    capacity: int = Field(ge=1)
+    """Episodes the service runs concurrently; the orchestrator never sends more."""
+    weight: float = Field(1.0, gt=0)
+    """Dispatch weight of the env when the orchestrator's config names neither it nor its domain."""
+    heartbeat: HeartbeatMode = "push"
+    """push: the service POSTs heartbeats itself (SDK self-registration). probe: it cannot (operator
+    registration from the CLI), so the orchestrator GETs its /health as the heartbeat."""
 
 
 class RegisterResponse(BaseModel):
@@ -27,5 +39,90 @@ class RegisterResponse(BaseModel):
 class HeartbeatRequest(BaseModel):
     """POST {orchestrator}/v1/envs/{env_id}/heartbeat"""
 
-    in_flight: int
+    in_flight: int = Field(0, ge=0)
     healthy: bool = True
+    """False takes the service out of the rotation at once (its in-flight episodes are re-dispatched)."""
+
+
+class HeartbeatResponse(BaseModel):
+    env_id: str
+    healthy: bool
+
+
+class EnvRecord(BaseModel):
+    """One entry of GET /v1/envs."""
+
+    env_id: str
+    name: str
+    domain: str
+    url: str
+    capacity: int
+    weight: float
+    heartbeat: HeartbeatMode
+    in_flight: int
+    """Episodes this orchestrator has running on the service now."""
+    healthy: bool
+    last_heartbeat: float
+    """Unix time of the last heartbeat (push) or successful /health probe."""
+
+
+class RemoveResponse(BaseModel):
+    env_id: str
+    removed: bool
+    draining: int
+    """Episodes still running there: they finish and count; nothing new is sent."""
+
+
+# Status ------------------------------------------------------------------------------------------
+class EnvStatus(BaseModel):
+    in_flight: int
+    queued: int
+    completed: int
+    """Episodes finished with a usable result (completed or truncated)."""
+    failed: int
+    """Episodes given up after max_attempts."""
+    groups_completed: int
+    healthy_services: int
+    weight: float
+    """Effective dispatch weight (config by name, else by domain, else the registered weight)."""
+
+
+class OverheadSummary(BaseModel):
+    """Scheduling overhead of the dispatches of the last `rate_window_s` (or after `?overhead_since=`, within
+    the last 100k): from the episode being dispatchable (ready, and the event that freed its slot seen)
+    to its POST on the wire."""
+
+    count: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+class StatusResponse(BaseModel):
+    """GET /v1/status"""
+
+    in_flight: int
+    """Episodes running at env services."""
+    queued: int
+    """Episodes of accepted groups waiting for a slot (retries, episodes restored after a restart)."""
+    completed: int
+    failed: int
+    retried: int
+    """Re-dispatches of an episode (after a service failure, a refusal or an orchestrator restart)."""
+    groups_completed: int
+    groups_open: int
+    episodes_per_s: float
+    """Finished episodes per second over the last `rate_window_s`."""
+    weight_version: Optional[int]
+    paused: bool
+    pause_reasons: list[str]
+    """Why no new groups start: "operator" (POST /v1/pause), "unconsumed_groups", "staleness"."""
+    dispatch_overhead: OverheadSummary
+    by_env: dict[str, EnvStatus]
+
+
+class PauseResponse(BaseModel):
+    """POST /v1/pause and /v1/resume"""
+
+    paused: bool
+    pause_reasons: list[str]

@@ -32,7 +32,7 @@ async def test_service_registers_heartbeats_and_deregisters_on_sigterm(orchestra
         (register,) = orchestrator.wait_for(orchestrator.registrations)
         assert register.authorization == f"Bearer {TOKEN}"
         assert register.body == {"name": "arithmetic", "domain": "tasks", "url": service.url, "capacity": 3,
-                                 "weight": 2.5}
+                                 "weight": 2.5, "heartbeat": "push"}
         orchestrator.wait_for(lambda: len(orchestrator.of("POST", "/heartbeat")) >= 3)
         assert {c.path for c in orchestrator.of("POST", "/heartbeat")} == {"/v1/envs/env-1/heartbeat"}
         assert orchestrator.of("POST", "/heartbeat")[0].body == {"in_flight": 0, "healthy": True}

@@ -1,0 +1,92 @@
+"""Backpressure: signals from the trainer's side that stop new groups (accepted ones still finish).
+
+Redis is read every `backpressure_interval_s` (`refresh`); between reads each signal answers `holds()`
+from local counts, so the limits hold exactly, not one poll interval late:
+
+- `unconsumed_groups`: complete groups the trainer has not acknowledged, plus groups this
+  orchestrator completed since (not yet visible in the read) and groups still open (they will be
+  complete groups soon), >= max_unconsumed_groups: the trainer lags.
+- `staleness`: group n may start only while n < (weight_version + staleness_limit + 1) * groups_per_step,
+  so rollouts never run more than staleness_limit weight versions ahead of the trainer (AReaL's rule).
+
+A new signal is a `Signal` subclass added to `Backpressure.signals`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from typing import Callable, Optional
+
+from asyncrl.config import OrchestratorConfig
+from asyncrl.store import Store
+
+log = logging.getLogger("orchestrator.backpressure")
+
+
+class Signal(ABC):
+    name: str
+
+    async def refresh(self, store: Store) -> None:
+        """Read what this signal needs from Redis (every backpressure_interval_s)."""
+
+    @abstractmethod
+    def holds(self, weight_version: Optional[int]) -> bool:
+        """True while new groups must wait (called before every new group: keep it cheap)."""
+
+
+class UnconsumedGroups(Signal):
+    name = "unconsumed_groups"
+
+    def __init__(self, limit: int, completed: Callable[[], int], recorded: Callable[[], int],
+                 open_groups: Callable[[], int]) -> None:
+        self.limit, self.completed, self.recorded, self.open_groups = limit, completed, recorded, open_groups
+        self.unconsumed = 0
+        self.recorded_at_read = 0
+
+    async def refresh(self, store):
+        self.unconsumed = await store.unconsumed_groups()
+        self.recorded_at_read = self.recorded()  # after the read: a group written meanwhile counts twice, never 0 times
+
+    def holds(self, weight_version):
+        not_yet_read = self.completed() - self.recorded_at_read
+        return self.unconsumed + not_yet_read + self.open_groups() >= self.limit
+
+
+class Staleness(Signal):
+    name = "staleness"
+
+    def __init__(self, limit: int, groups_per_step: int, groups_started: Callable[[], int]) -> None:
+        self.limit, self.groups_per_step, self.groups_started = limit, groups_per_step, groups_started
+
+    def holds(self, weight_version):
+        return self.groups_started() >= ((weight_version or 0) + self.limit + 1) * self.groups_per_step
+
+
+class Backpressure:
+    def __init__(self, cfg: OrchestratorConfig, store: Store, signals: list[Signal],
+                 on_change: Callable[[], None]) -> None:
+        self.store = store
+        self.interval_s = cfg.backpressure_interval_s
+        self.signals = signals
+        self.on_change = on_change
+        self.weight_version: Optional[int] = None
+
+    def reasons(self) -> list[str]:
+        return [s.name for s in self.signals if s.holds(self.weight_version)]
+
+    async def refresh(self) -> None:
+        version = (await self.store.get_weights()).get("version")
+        self.weight_version = int(version) if version is not None else None
+        for signal in self.signals:
+            await signal.refresh(self.store)
+        self.on_change()
+
+    async def refresh_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception as err:  # noqa: BLE001 - a Redis hiccup must not stop the poller
+                log.warning("reading backpressure signals failed: %r", err)
+            await asyncio.sleep(self.interval_s)

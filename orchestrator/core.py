@@ -1,0 +1,364 @@
+"""The orchestrator: keeps episodes of GRPO groups running across env services and records results.
+
+    dispatch loop (one task): while the scheduler names an eligible env, start a new group of it
+        (group_size members, one session each) or dispatch one of its pending members
+    attempt (one task per running episode): open session -> POST /episodes (held open) -> settle
+    settle: completed|truncated -> finish session (trajectory recorded) -> member done
+            refused (429/503)   -> member pending again, service backs off briefly
+            failure             -> member pending again (attempt charged), old session aborted;
+                                   after max_attempts failures: session finished "failed", given up
+    a service turning unhealthy: its running attempts are cancelled and handled as failures
+    a group whose members are all done or given up: its GroupRecord is appended (ledger, once)
+
+Everything here runs on one event loop; state changes are synchronous between awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Optional
+
+from asyncrl.config import OrchestratorConfig
+from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, EpisodeStatus
+from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, RegisterRequest,
+                                            StatusResponse)
+from asyncrl.store import Store
+from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
+from orchestrator.counters import Counters
+from orchestrator.envclient import EnvClient, Outcome
+from orchestrator.groups import Group, Member, MemberState
+from orchestrator.http import SendClock, client_session
+from orchestrator.ledger import Ledger
+from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.registry import Registry, Service
+from orchestrator.scheduler import EnvQueue, Scheduler
+from orchestrator.sessions import GatewayError, make_sessions
+
+log = logging.getLogger("orchestrator")
+
+REFUSAL_BACKOFF_S = 0.25
+USABLE = (EpisodeStatus.completed, EpisodeStatus.truncated)
+
+
+class Orchestrator:
+    def __init__(self, cfg: OrchestratorConfig, store: Store) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.registry = Registry(cfg.heartbeat_timeout_s)
+        self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
+        self.metrics = OrchestratorMetrics()
+        self.counters = Counters()
+        self.groups: dict[str, Group] = {}
+        """Open groups (accepted, not yet complete)."""
+        self.operator_paused = False
+        self.http = client_session()
+        self.envs = EnvClient(self.http)
+        self.sessions = make_sessions(cfg, self.http)
+        self.ledger = Ledger(store, self.counters.to_meta)
+        self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)
+        self._running: dict[str, dict[str, tuple[Group, Member, asyncio.Task]]] = {}
+        """env_id -> episode_id -> the attempt running at that service."""
+        self._wake = asyncio.Event()
+        self._woken_at: Optional[float] = None
+        """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
+        self._background: set[asyncio.Task] = set()
+
+    def _signals(self) -> list[Signal]:
+        signals: list[Signal] = []
+        if self.cfg.max_unconsumed_groups > 0:
+            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.counters.total("groups"),
+                                            lambda: self.ledger.groups_recorded, lambda: len(self.groups)))
+        if self.cfg.staleness_limit is not None:
+            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, lambda: self.counters.ordinal))
+        return signals
+
+    # Events ---------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Something may be dispatchable now (a slot freed, a service came, work was queued)."""
+        if self._woken_at is None:
+            self._woken_at = time.monotonic()
+        self._wake.set()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    @property
+    def pause_reasons(self) -> list[str]:
+        return (["operator"] if self.operator_paused else []) + self.backpressure.reasons()
+
+    # Dispatch loop --------------------------------------------------------------------------------
+    async def dispatch_forever(self) -> None:
+        trigger = time.monotonic()
+        while True:
+            self._wake.clear()
+            self._woken_at = None
+            delay = self.dispatch_ready(trigger)
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+                trigger = self._woken_at or time.monotonic()
+            except asyncio.TimeoutError:
+                trigger = time.monotonic()
+
+    def dispatch_ready(self, trigger: float) -> Optional[float]:
+        """Dispatch everything eligible now; returns seconds until a rate limit or backoff may allow more.
+
+        `trigger` is when the event that made this round necessary happened: a member's scheduling
+        overhead is measured from max(when it became ready, trigger) to its POST on the wire."""
+        now = time.monotonic()
+        while not self.operator_paused:
+            decision = self.scheduler.next(now, new_groups=self._new_groups_allowed())
+            if decision is None:
+                break
+            if decision.member is None:
+                self._start_group(decision.queue, now, trigger)
+            else:
+                group, member = decision.queue.pending.popleft()
+                self._launch(decision.queue, group, member, now, trigger)
+        self.metrics.queued.set(self.scheduler.queued)
+        return self.scheduler.wake_in(now)
+
+    def _new_groups_allowed(self) -> bool:
+        limit = self.cfg.max_groups
+        return (limit is None or self.counters.ordinal < limit) and not self.backpressure.reasons()
+
+    def _start_group(self, q: EnvQueue, now: float, trigger: float) -> None:
+        cursor = self.counters.cursors.get(q.name, 0)
+        self.counters.cursors[q.name] = cursor + 1
+        self.counters.ordinal += 1
+        group = Group.new(q.name, q.tasks[cursor], self.counters.ordinal, self.cfg.group_size, self.cfg.seed)
+        self.groups[group.group_id] = group
+        for member in group.members:
+            if q.free_slots(now) > 0:
+                self._launch(q, group, member, now, trigger)
+            else:  # an env with less capacity than a group: the rest waits for slots
+                q.pending.append((group, member))
+        self.ledger.touch(group)
+
+    def _launch(self, q: EnvQueue, group: Group, member: Member, now: float, trigger: float) -> None:
+        service = q.pick_service(now, avoid=member.service)
+        member.ready_at = max(member.ready_at, trigger)
+        member.state, member.attempt, member.service, member.session_id = MemberState.running, member.attempt + 1, \
+            service.env_id, None
+        episode_id = group.episode_id(member)
+        service.in_flight += 1
+        self.scheduler.in_flight += 1
+        self.scheduler.charge(q, 1, now)
+        self.metrics.in_flight.labels(q.name).inc()
+        task = asyncio.create_task(self._attempt(group, member, service, episode_id), name=episode_id)
+        self._running.setdefault(service.env_id, {})[episode_id] = (group, member, task)
+        self.ledger.touch(group)
+
+    def _release(self, service: Service, episode_id: str) -> bool:
+        """Free the attempt's slot; False when it was already released (evacuated)."""
+        if self._running.get(service.env_id, {}).pop(episode_id, None) is None:
+            return False
+        service.in_flight -= 1
+        self.scheduler.in_flight -= 1
+        self.metrics.in_flight.labels(service.name).dec()
+        self.wake()
+        return True
+
+    # One attempt ----------------------------------------------------------------------------------
+    async def _attempt(self, group: Group, member: Member, service: Service, episode_id: str) -> None:
+        started = time.monotonic()
+        try:
+            outcome = await self._play(group, member, service, episode_id)
+        except asyncio.CancelledError:
+            return  # evacuated (its state was handled there) or shutting down (state stays in Redis)
+        except Exception as err:  # noqa: BLE001 - a bug must not leave the member running forever
+            log.exception("episode %s: unexpected error", episode_id)
+            outcome = Outcome("error", error=f"orchestrator: {err!r}")
+        if not self._release(service, episode_id):
+            return
+        self.metrics.duration.labels(group.env).observe(time.monotonic() - started)
+        try:
+            await self._settle(group, member, service, outcome)
+        except Exception:  # noqa: BLE001
+            log.exception("episode %s: settling failed; running it again", episode_id)
+            self._requeue(group, member, "error", failure=True)
+
+    async def _play(self, group: Group, member: Member, service: Service, episode_id: str) -> Outcome:
+        try:
+            member.session_id, llm = await self.sessions.open(group, member, episode_id)
+        except GatewayError as err:
+            return Outcome("error", error=str(err))
+        self.ledger.touch(group)
+        request = EpisodeRequest(episode_id=episode_id, task_id=group.task_id, seed=member.seed, llm=llm,
+                                 max_turns=self.cfg.max_turns, deadline_s=self.cfg.episode_timeout_s)
+        clock = SendClock(member.ready_at, self.metrics.dispatched)
+        return await self.envs.run_episode(service.url, request, self.cfg.episode_timeout_s + self.cfg.request_grace_s,
+                                           clock)
+
+    async def _settle(self, group: Group, member: Member, service: Service, outcome: Outcome) -> None:
+        response = outcome.response
+        if outcome.kind == "result" and response.status in USABLE:
+            await self._record(group, member, response)
+        elif outcome.kind == "refused":
+            service.backoff_until = time.monotonic() + REFUSAL_BACKOFF_S
+            self._abort_session(member.session_id)
+            self._requeue(group, member, "refused", failure=False)
+        else:
+            error = outcome.error or f"env status {response.status.value}: {response.info.get('error', '')}"
+            log.warning("episode %s on %s failed: %s", group.episode_id(member), service.url, error[:300])
+            if outcome.unreachable:  # do not wait for missed heartbeats to stop sending it work
+                self.unhealthy(service, "unreachable")
+            await self._fail(group, member, "env_failed" if response else "error", error, response)
+
+    async def _record(self, group: Group, member: Member, response: EpisodeResponse) -> None:
+        await self.ledger.durable(group)  # the session id is in Redis before the session is recorded
+        finished = await self.sessions.finish(member.session_id, response.status.value, response.reward,
+                                              {"num_turns": response.num_turns, **response.info})
+        if finished.status == "aborted":  # the gateway lost the session: nothing was recorded
+            self._requeue(group, member, "session_lost", failure=False)
+            return
+        member.reward, member.num_turns = response.reward, response.num_turns
+        self.metrics.reward.labels(group.env).observe(response.reward)
+        self._finish_member(group, member, MemberState.done, response.status.value, finished.sample_refs)
+
+    async def _fail(self, group: Group, member: Member, reason: str, error: str,
+                    response: Optional[EpisodeResponse] = None) -> None:
+        if member.failures + 1 < self.cfg.max_attempts:
+            self._abort_session(member.session_id)
+            self._requeue(group, member, reason, failure=True)
+            return
+        member.failures += 1
+        await self.ledger.durable(group)
+        info: dict[str, Any] = {"error": error[:2000], "attempts": member.attempt}
+        finished = await self.sessions.finish(member.session_id, "failed", 0.0, info) if member.session_id else None
+        log.error("episode %s given up after %d failures: %s", group.episode_id(member), member.failures, error[:300])
+        self._finish_member(group, member, MemberState.given_up, "failed", finished.sample_refs if finished else [])
+
+    def _abort_session(self, session_id: Optional[str]) -> None:
+        """Close a session that will not be used (in the background: the retry does not wait for it)."""
+        if session_id is not None:
+            self.spawn(self.sessions.finish(session_id, "aborted"))
+
+    def _requeue(self, group: Group, member: Member, reason: str, failure: bool) -> None:
+        member.failures += int(failure)
+        member.state, member.session_id, member.ready_at = MemberState.pending, None, time.monotonic()
+        self.scheduler.queue(group.env).pending.append((group, member))
+        self.counters.retried += 1
+        self.metrics.retries.labels(group.env, reason).inc()
+        self.ledger.touch(group)
+        self.wake()
+
+    def _finish_member(self, group: Group, member: Member, state: MemberState, status: str, refs: list[str]) -> None:
+        member.state, member.status, member.sample_refs = state, status, list(refs)
+        env = self.counters.by_env[group.env]
+        env["completed" if state is MemberState.done else "failed"] += 1
+        self.metrics.episodes.labels(group.env, status if state is MemberState.done else "given_up").inc()
+        self.metrics.finished(time.monotonic())
+        if group.complete:
+            del self.groups[group.group_id]
+            env["groups"] += 1
+            self.metrics.groups.labels(group.env).inc()
+            self.ledger.complete(group)
+        else:
+            self.ledger.touch(group)
+
+    # Services ------------------------------------------------------------------------------------
+    async def register(self, req: RegisterRequest) -> Service:
+        service, created = self.registry.register(req)
+        await self.ledger.save_service(service)
+        self.scheduler.add_service(service, time.monotonic())
+        self.metrics.healthy.labels(service.name).set(self.scheduler.queue(service.name).healthy_services())
+        log.info("%s env %s (%s) at %s: capacity %d, weight %g, heartbeat %s", "registered" if created else
+                 "re-registered", service.name, service.env_id, service.url, service.capacity, service.weight,
+                 service.heartbeat)
+        self.wake()
+        return service
+
+    def heartbeat(self, env_id: str, beat: HeartbeatRequest) -> Optional[Service]:
+        service = self.registry.get(env_id)
+        if service is None:
+            return None
+        service.reported_in_flight = beat.in_flight
+        if beat.healthy:
+            self.alive(service)
+        else:
+            self.unhealthy(service, "the service reported itself unhealthy")
+        return service
+
+    def alive(self, service: Service) -> None:
+        recovered = not service.healthy
+        self.registry.mark_alive(service)
+        self.ledger.heartbeat(service.env_id, service.last_heartbeat)
+        if recovered:
+            log.info("env %s (%s) at %s is healthy again", service.name, service.env_id, service.url)
+            self._services_changed(service)
+
+    def unhealthy(self, service: Service, why: str) -> None:
+        """Out of the rotation; its running episodes are re-dispatched (a failure each)."""
+        if not service.healthy:
+            return
+        service.healthy = False
+        running = self._running.get(service.env_id, {})
+        log.warning("env %s (%s) at %s unhealthy (%s): re-dispatching its %d running episodes", service.name,
+                    service.env_id, service.url, why, len(running))
+        self.evacuate(service, "unhealthy", why)
+        self._services_changed(service)
+
+    def evacuate(self, service: Service, reason: str, why: str) -> None:
+        for episode_id, (group, member, task) in list(self._running.get(service.env_id, {}).items()):
+            task.cancel()
+            self._release(service, episode_id)
+            self.spawn(self.envs.cancel(service.url, episode_id))
+            self.spawn(self._fail(group, member, reason, f"{service.url}: {why}"))
+
+    async def remove(self, env_id: str) -> Optional[tuple[Service, int]]:
+        """Deregister: nothing new goes there; its running episodes finish and count."""
+        service = self.registry.get(env_id)
+        if service is None:
+            return None
+        service.removed = True
+        self.registry.forget(service)
+        self.scheduler.remove_service(service)
+        await self.ledger.delete_service(env_id)
+        draining = len(self._running.get(env_id, {}))
+        log.info("removed env %s (%s) at %s; %d episodes draining", service.name, env_id, service.url, draining)
+        self._services_changed(service)
+        return service, draining
+
+    def _services_changed(self, service: Service) -> None:
+        q = self.scheduler.queues.get(service.name)
+        self.metrics.healthy.labels(service.name).set(q.healthy_services() if q else 0)
+        self.wake()
+
+    # Control -------------------------------------------------------------------------------------
+    def pause(self, paused: bool) -> None:
+        self.operator_paused = paused
+        log.info("dispatch %s by the operator", "paused" if paused else "resumed")
+        self.wake()
+
+    def status(self, overhead_since: Optional[float] = None) -> StatusResponse:
+        """`overhead_since`: unix time from which dispatch overheads are summarised (default: the rate window)."""
+        if overhead_since is None:
+            overhead_since = time.time() - self.cfg.rate_window_s
+        by_env = {}
+        for name, q in self.scheduler.queues.items():
+            c = self.counters.by_env[name]
+            by_env[name] = EnvStatus(in_flight=sum(s.in_flight for s in q.services.values()), queued=len(q.pending),
+                                     completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
+                                     healthy_services=q.healthy_services(), weight=q.weight)
+        return StatusResponse(
+            in_flight=self.scheduler.in_flight, queued=self.scheduler.queued, completed=self.counters.total("completed"),
+            failed=self.counters.total("failed"), retried=self.counters.retried,
+            groups_completed=self.counters.total("groups"), groups_open=len(self.groups),
+            episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
+            weight_version=self.backpressure.weight_version, paused=bool(self.pause_reasons),
+            pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),
+            by_env=by_env)
+
+    async def close(self) -> None:
+        """Stop attempts (their state stays in Redis for the next start) and close the clients."""
+        attempts = [task for running in self._running.values() for (_, _, task) in running.values()]
+        for task in attempts + list(self._background):
+            task.cancel()
+        await asyncio.gather(*attempts, *self._background, return_exceptions=True)
+        await self.sessions.close()
+        await self.http.close()

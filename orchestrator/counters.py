@@ -1,0 +1,39 @@
+"""Run totals that survive restarts: written with every ledger batch, in the same transaction as the
+group records they count, so after a crash they still match the `groups` stream exactly."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+PER_ENV = ("completed", "failed", "groups")
+
+
+@dataclass
+class Counters:
+    retried: int = 0
+    ordinal: int = 0
+    """Groups started so far (the last group's ordinal)."""
+    by_env: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: dict.fromkeys(PER_ENV, 0)))
+    cursors: dict[str, int] = field(default_factory=dict)
+    """Per env: position in its task order of the next group."""
+
+    def total(self, name: str) -> int:
+        return sum(c[name] for c in self.by_env.values())
+
+    def to_meta(self) -> dict[str, int]:
+        meta = {"retried": self.retried, "ordinal": self.ordinal}
+        meta.update({f"cursor:{env}": n for env, n in self.cursors.items()})
+        meta.update({f"{name}:{env}": c[name] for env, c in self.by_env.items() for name in PER_ENV})
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, str]) -> "Counters":
+        counters = cls(retried=int(meta.get("retried", 0)), ordinal=int(meta.get("ordinal", 0)))
+        for key, value in meta.items():
+            name, _, env = key.partition(":")
+            if name == "cursor":
+                counters.cursors[env] = int(value)
+            elif name in PER_ENV:
+                counters.by_env[env][name] = int(value)
+        return counters

@@ -1,0 +1,82 @@
+"""Calls the orchestrator makes to env services (shared/protocols/env-service.md)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import aiohttp
+from pydantic import ValidationError
+
+from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, InfoResponse, TasksResponse
+from orchestrator.http import HTTPFailure, SendClock, request_json
+
+log = logging.getLogger("orchestrator.envclient")
+
+REFUSALS = {429, 503}
+"""At capacity / shutting down: the episode goes elsewhere or later, no attempt is charged."""
+
+TASK_PAGE = 10_000
+
+
+@dataclass
+class Outcome:
+    kind: Literal["result", "refused", "error"]
+    response: Optional[EpisodeResponse] = None
+    error: str = ""
+    unreachable: bool = False
+    """No connection to the service could be made: it is down."""
+
+
+class EnvClient:
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+
+    async def run_episode(self, url: str, request: EpisodeRequest, timeout_s: float, clock: SendClock) -> Outcome:
+        """POST /episodes and wait for the episode to end (the request is held open meanwhile)."""
+        try:
+            status, body = await request_json(self.http, "POST", f"{url}/episodes", request.model_dump(mode="json"),
+                                              timeout_s, trace=clock)
+        except HTTPFailure as err:
+            return Outcome("error", error=str(err), unreachable=err.unreachable)
+        if status in REFUSALS:
+            return Outcome("refused", error=f"{status} {body}")
+        if status != 200:
+            return Outcome("error", error=f"{status} {body}")
+        try:
+            return Outcome("result", EpisodeResponse.model_validate(body))
+        except ValidationError as err:
+            return Outcome("error", error=f"malformed episode response: {err}")
+
+    async def cancel(self, url: str, episode_id: str) -> None:
+        """Best effort: the service also cancels an episode whose caller hung up."""
+        try:
+            await request_json(self.http, "POST", f"{url}/episodes/{episode_id}/cancel", timeout_s=5.0)
+        except HTTPFailure as err:
+            log.debug("cancel %s at %s: %s", episode_id, url, err)
+
+    async def healthy(self, url: str, timeout_s: float) -> bool:
+        try:
+            status, _ = await request_json(self.http, "GET", f"{url}/health", timeout_s=timeout_s)
+        except HTTPFailure:
+            return False
+        return status == 200
+
+    async def info(self, url: str) -> InfoResponse:
+        return InfoResponse.model_validate(await self._get(f"{url}/info"))
+
+    async def tasks(self, url: str) -> list[str]:
+        """Every task id, paging through GET /tasks."""
+        task_ids: list[str] = []
+        while True:
+            page = TasksResponse.model_validate(await self._get(f"{url}/tasks?offset={len(task_ids)}&limit={TASK_PAGE}"))
+            task_ids += page.task_ids
+            if not page.task_ids or len(task_ids) >= page.total:
+                return task_ids
+
+    async def _get(self, url: str) -> dict:
+        status, body = await request_json(self.http, "GET", url, timeout_s=30.0)
+        if status != 200:
+            raise HTTPFailure(f"GET {url}: {status} {body}")
+        return body

@@ -1,0 +1,62 @@
+"""Prometheus metrics of the orchestrator and the recent scheduling-overhead samples behind /v1/status."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+EPISODE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class OrchestratorMetrics:
+    def __init__(self, overhead_window: int = 100_000) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.episodes = Counter("asyncrl_orch_episodes", "Episodes finished, by env and final status "
+                                "(completed, truncated, given_up)", ["env", "status"], registry=r)
+        self.retries = Counter("asyncrl_orch_retries", "Re-dispatches, by env and reason "
+                               "(error, env_failed, refused, unhealthy, restart)", ["env", "reason"], registry=r)
+        self.groups = Counter("asyncrl_orch_groups_completed", "GroupRecords appended", ["env"], registry=r)
+        self.in_flight = Gauge("asyncrl_orch_in_flight", "Episodes running at env services", ["env"], registry=r)
+        self.queued = Gauge("asyncrl_orch_queued", "Episodes of accepted groups waiting for a slot", registry=r)
+        self.healthy = Gauge("asyncrl_orch_services_healthy", "Healthy services", ["env"], registry=r)
+        self.paused = Gauge("asyncrl_orch_paused", "1 while new groups are held back, by reason", ["reason"],
+                            registry=r)
+        self.overhead = Histogram("asyncrl_orch_dispatch_overhead_seconds", "From episode ready to its POST "
+                                  "written to the socket", buckets=OVERHEAD_BUCKETS, registry=r)
+        self.duration = Histogram("asyncrl_orch_episode_seconds", "Episode wall time at the env service", ["env"],
+                                  buckets=EPISODE_BUCKETS, registry=r)
+        self.reward = Histogram("asyncrl_orch_reward", "Rewards of usable episodes", ["env"],
+                                buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=r)
+        self._overheads = np.zeros((overhead_window, 2))
+        """Ring buffer of (unix time, seconds) of the latest dispatches (percentiles without sorting lists)."""
+        self._overhead_count = 0
+        self._finishes: deque[float] = deque()
+
+    def dispatched(self, overhead_s: float) -> None:
+        self.overhead.observe(overhead_s)
+        row = self._overhead_count % len(self._overheads)
+        self._overheads[row, 0], self._overheads[row, 1] = time.time(), overhead_s
+        self._overhead_count += 1
+
+    def finished(self, now: float) -> None:
+        self._finishes.append(now)
+
+    def episodes_per_s(self, window_s: float) -> float:
+        now = time.monotonic()
+        while self._finishes and self._finishes[0] < now - window_s:
+            self._finishes.popleft()
+        return len(self._finishes) / window_s
+
+    def overhead_summary(self, since: float = 0.0) -> dict[str, float]:
+        """Percentiles of the recent dispatches made after unix time `since`."""
+        recent = self._overheads[:min(self._overhead_count, len(self._overheads))]
+        values = recent[recent[:, 0] >= since, 1]
+        if not len(values):
+            return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        p50, p99 = np.percentile(values, [50, 99], method="higher")
+        return {"count": int(len(values)), "p50_ms": 1000 * p50, "p99_ms": 1000 * p99, "max_ms": 1000 * values.max()}

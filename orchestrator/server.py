@@ -1,0 +1,176 @@
+"""`asyncrl orchestrator serve`: the orchestrator's HTTP API (shared/protocols/orchestrator.md).
+
+Handlers are thin: parse the typed request, call the Orchestrator, reply with a typed response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Optional
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from asyncrl.config import OrchestratorConfig, SamplingConfig
+from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
+                                            RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
+from asyncrl.service import install_error_handlers, parse_json_body, serve
+from orchestrator.core import Orchestrator
+from orchestrator.runtime import Runtime
+
+log = logging.getLogger("orchestrator.server")
+
+TOKEN_ENV = "ASYNCRL_ORCHESTRATOR_TOKEN"
+
+
+def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
+    runtime = Runtime(cfg, redis_url, run)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.orch = await runtime.start()
+        yield
+        await runtime.stop()
+
+    app = FastAPI(title="asyncrl orchestrator", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    def orch(request: Request) -> Orchestrator:
+        return request.app.state.orch
+
+    async def authorized(request: Request) -> None:
+        if cfg.auth_token and request.headers.get("authorization") != f"Bearer {cfg.auth_token}":
+            raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    v1 = [Depends(authorized)]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(orch(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/envs", status_code=201, dependencies=v1)
+    async def register(request: Request) -> RegisterResponse:
+        body = await parse_json_body(request, RegisterRequest)
+        service = await orch(request).register(body)
+        return RegisterResponse(env_id=service.env_id, heartbeat_interval_s=cfg.heartbeat_interval_s,
+                                heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+
+    @app.get("/v1/envs", dependencies=v1)
+    async def list_envs(request: Request) -> list[EnvRecord]:
+        return [s.to_record() for s in orch(request).registry]
+
+    @app.post("/v1/envs/{env_id}/heartbeat", dependencies=v1)
+    async def heartbeat(env_id: str, request: Request) -> HeartbeatResponse:
+        service = orch(request).heartbeat(env_id, await parse_json_body(request, HeartbeatRequest))
+        if service is None:
+            raise HTTPException(404, f"unknown env_id {env_id!r}: register again")
+        return HeartbeatResponse(env_id=env_id, healthy=service.healthy)
+
+    @app.delete("/v1/envs/{env_id}", dependencies=v1)
+    async def remove(env_id: str, request: Request) -> RemoveResponse:
+        removed = await orch(request).remove(env_id)
+        if removed is None:
+            raise HTTPException(404, f"unknown env_id {env_id!r}")
+        return RemoveResponse(env_id=env_id, removed=True, draining=removed[1])
+
+    @app.get("/v1/status", dependencies=v1)
+    async def status(request: Request, overhead_since: Optional[float] = None) -> StatusResponse:
+        """`overhead_since` (unix time): summarise the dispatches made after it (default: the last rate_window_s)."""
+        return orch(request).status(overhead_since)
+
+    @app.post("/v1/pause", dependencies=v1)
+    async def pause(request: Request) -> PauseResponse:
+        orch(request).pause(True)
+        return PauseResponse(paused=True, pause_reasons=orch(request).pause_reasons)
+
+    @app.post("/v1/resume", dependencies=v1)
+    async def resume(request: Request) -> PauseResponse:
+        orch(request).pause(False)
+        return PauseResponse(paused=bool(orch(request).pause_reasons), pause_reasons=orch(request).pause_reasons)
+
+    return app
+
+
+def _ratios(text: str) -> dict[str, float]:
+    """'swe=2,terminal=1' -> {'swe': 2.0, 'terminal': 1.0}"""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got {part!r}")
+        out[key.strip()] = float(value)
+    return out
+
+
+def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, argparse.Namespace]:
+    d = OrchestratorConfig()
+    p = argparse.ArgumentParser(prog="asyncrl orchestrator serve", description=__doc__.split("\n")[0])
+    p.add_argument("--redis-url", required=True, help="Redis of the run (state, groups stream)")
+    p.add_argument("--run", default="asyncrl", help="run name (Redis key prefix asyncrl:<run>:)")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port (see --url-file)")
+    p.add_argument("--url-file", help="write the bound URL here once serving")
+    p.add_argument("--gateway", dest="gateway_url", help="TITO gateway URL (sessions=gateway)")
+    p.add_argument("--gateway-token", default=os.environ.get("ASYNCRL_GATEWAY_TOKEN"))
+    p.add_argument("--llm-url", help="OpenAI-compatible base URL for every episode (sessions=endpoint: "
+                                     "nothing recorded; evaluation and benchmarks)")
+    p.add_argument("--auth-token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default ${TOKEN_ENV})")
+    for name in ("max_in_flight", "group_size", "max_attempts", "max_turns", "max_unconsumed_groups",
+                 "groups_per_step", "seed"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
+    p.add_argument("--staleness-limit", type=int, default=None)
+    p.add_argument("--max-groups", type=int, default=None, help="start this many groups, then only finish them")
+    for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "episode_timeout_s", "request_grace_s",
+                 "backpressure_interval_s", "lease_ttl_s"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
+    p.add_argument("--weights", type=_ratios, default={}, help="env or domain weights, e.g. swe=2,terminal=1,search=1")
+    p.add_argument("--rate-limits", type=_ratios, default={}, help="episodes/s per env, e.g. swe=5")
+    p.add_argument("--temperature", type=float, default=SamplingConfig.temperature)
+    p.add_argument("--top-p", type=float, default=SamplingConfig.top_p)
+    p.add_argument("--max-tokens", type=int, default=SamplingConfig.max_new_tokens)
+    p.add_argument("--model-name", default=d.model_name)
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    if bool(a.gateway_url) == bool(a.llm_url):
+        p.error("give exactly one of --gateway (record trajectories) or --llm-url (evaluation/benchmarks)")
+    cfg = OrchestratorConfig(
+        host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
+        gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
+        sampling=SamplingConfig(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_tokens),
+        domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit, max_groups=a.max_groups,
+        **{k: getattr(a, k) for k in ("max_in_flight", "group_size", "max_attempts", "max_turns", "seed",
+                                       "max_unconsumed_groups", "groups_per_step", "heartbeat_interval_s",
+                                       "heartbeat_timeout_s", "episode_timeout_s", "request_grace_s",
+                                       "backpressure_interval_s", "lease_ttl_s")})
+    return cfg, a
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    cfg, args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    use_uvloop()
+    serve(build_app(cfg, args.redis_url, args.run), cfg.host, cfg.port, url_file=args.url_file)
+
+
+def use_uvloop() -> None:
+    """uvloop roughly halves the event loop's cost per request when installed (it ships with uvicorn[standard])."""
+    try:
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        log.info("uvloop not installed; using the default asyncio loop")
+
+
+if __name__ == "__main__":
+    main()

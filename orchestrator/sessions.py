@@ -1,0 +1,143 @@
+"""Where an episode's LLM endpoint comes from: the boundary between the orchestrator and the gateway.
+
+`SessionProvider` opens one session per episode attempt and finishes it with the result. Two kinds,
+chosen by `OrchestratorConfig.sessions`:
+
+- `gateway`: a TITO gateway session (shared/protocols/gateway.md). finish(completed|truncated|failed)
+  makes the gateway append the trajectory to Redis and returns its sample refs; finish(aborted)
+  records nothing. Finishing is idempotent: a repeated finish returns the first reply, which is how a
+  restarted orchestrator learns whether a session of the previous one was already recorded.
+- `endpoint`: every episode uses one fixed OpenAI-compatible URL; nothing is recorded (evaluation
+  against any server, benchmarks of the orchestrator and env services without a model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import aiohttp
+
+from asyncrl.config import OrchestratorConfig
+from asyncrl.protocols.env_service import LLMEndpoint, SamplingParams
+from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, SessionSampling
+from orchestrator.groups import Group, Member
+from orchestrator.http import HTTPFailure, request_json
+
+log = logging.getLogger("orchestrator.sessions")
+
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class Finished:
+    status: str
+    """The status the session was closed with (the first finish's, when it had been finished before)."""
+    sample_refs: list[str] = field(default_factory=list)
+
+
+class SessionProvider(ABC):
+    def __init__(self, cfg: OrchestratorConfig) -> None:
+        s = cfg.sampling
+        extra = {"top_k": s.top_k} if s.top_k != -1 else {}
+        self.sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
+        self.model = cfg.model_name
+
+    @abstractmethod
+    async def open(self, group: Group, member: Member, episode_id: str) -> tuple[Optional[str], LLMEndpoint]:
+        """(session_id or None, the endpoint to put into the EpisodeRequest)."""
+
+    @abstractmethod
+    async def finish(self, session_id: Optional[str], status: str, reward: float = 0.0,
+                     info: Optional[dict[str, Any]] = None) -> Finished:
+        """Close the session; status `aborted` records nothing."""
+
+    async def close(self) -> None:
+        pass
+
+
+class EndpointSessions(SessionProvider):
+    def __init__(self, cfg: OrchestratorConfig, http: aiohttp.ClientSession) -> None:
+        super().__init__(cfg)
+        if not cfg.llm_url:
+            raise ValueError("sessions=endpoint needs llm_url (an OpenAI-compatible base URL)")
+        self.endpoint = LLMEndpoint(base_url=cfg.llm_url, model=self.model, sampling=self.sampling)
+
+    async def open(self, group, member, episode_id):
+        return None, self.endpoint
+
+    async def finish(self, session_id, status, reward=0.0, info=None) -> Finished:
+        return Finished(status)
+
+
+class GatewaySessions(SessionProvider):
+    def __init__(self, cfg: OrchestratorConfig, http: aiohttp.ClientSession) -> None:
+        super().__init__(cfg)
+        if not cfg.gateway_url:
+            raise ValueError("sessions=gateway needs gateway_url")
+        self.url = cfg.gateway_url.rstrip("/")
+        self.http = http
+        self.headers = {"Authorization": f"Bearer {cfg.gateway_token}"} if cfg.gateway_token else {}
+        s = cfg.sampling
+        self.session_sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                     max_new_tokens=s.max_new_tokens)
+
+    async def open(self, group, member, episode_id):
+        body = CreateSessionRequest(
+            group_id=group.group_id, task_id=group.task_id, env=group.env,
+            metadata={"episode_id": episode_id, "member": member.index, "attempt": member.attempt, "seed": member.seed},
+            sampling=SessionSampling(**self.session_sampling, sampling_seed=member.seed))
+        reply = await self._call("POST", "/sessions", body.model_dump(), expect=(201,))
+        return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model, sampling=self.sampling)
+
+    async def finish(self, session_id, status, reward=0.0, info=None) -> Finished:
+        body = FinishSessionRequest(reward=reward, status=status, info=info or {})
+        try:
+            reply = await self._call("POST", f"/sessions/{session_id}/finish", body.model_dump(), expect=(200,))
+        except UnknownSession:
+            log.warning("gateway does not know session %s... (expired or gateway restarted): nothing recorded",
+                        session_id[:8])
+            return Finished("aborted")
+        return Finished(reply["status"], list(reply["sample_refs"]))
+
+    async def _call(self, method: str, path: str, body: dict, expect: tuple[int, ...]) -> dict:
+        """Retry transport errors and 5xx (gateway restarting, Redis hiccup) with backoff; while the
+        gateway is down, episodes wait here rather than fail."""
+        attempt = 0
+        while True:
+            try:
+                status, reply = await request_json(self.http, method, self.url + path, body, 60.0, self.headers)
+                if status in expect:
+                    return reply
+                if status == 404:
+                    raise UnknownSession(path)
+                problem = f"{status} {reply}"
+                if status < 500 and status != 429:
+                    raise GatewayError(f"gateway refused {method} {path}: {problem}")
+            except HTTPFailure as err:
+                problem = str(err)
+            delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+            log.warning("gateway %s %s failed (%s); retrying in %.1fs", method, path, problem, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+
+class UnknownSession(LookupError):
+    pass
+
+
+class GatewayError(RuntimeError):
+    """A 4xx from the gateway: a bug or a misconfiguration (wrong token), not a transient failure."""
+
+
+SESSION_PROVIDERS: dict[str, type[SessionProvider]] = {"gateway": GatewaySessions, "endpoint": EndpointSessions}
+
+
+def make_sessions(cfg: OrchestratorConfig, http: aiohttp.ClientSession) -> SessionProvider:
+    try:
+        return SESSION_PROVIDERS[cfg.sessions](cfg, http)
+    except KeyError:
+        raise ValueError(f"sessions={cfg.sessions!r}: expected one of {sorted(SESSION_PROVIDERS)}") from None

@@ -1,0 +1,80 @@
+"""The env registry over HTTP and the CLI: self-registration with heartbeats, operator registration
+with /health probes, listing, removal, bearer tokens, and errors that name what is wrong."""
+
+import os
+import subprocess
+import sys
+import time
+
+from tests.orchestrator.conftest import ROOT_DIR, journal, start_envs
+
+TOKEN = "orch-secret"
+
+
+def cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT_DIR)}
+    env.pop("ASYNCRL_ORCHESTRATOR_TOKEN", None)
+    if token:
+        env["ASYNCRL_ORCHESTRATOR_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT_DIR, timeout=60)
+
+
+def test_self_registered_service_heartbeats_gets_episodes_and_deregisters(orchestrators, tmp_path, run_name):
+    orch = orchestrators("--group-size", "2", "--max-groups", "3")
+    (service,) = start_envs(tmp_path, 1, "--name", "selfreg", "--capacity", "4", "--option", "sleep_s=0.1",
+                            "--option", f"journal={tmp_path}", "--orchestrator", orch.url)
+    first = orch.wait(lambda s: len(orch.envs()) == 1, what="registration")
+    (record,) = orch.envs()
+    assert {k: record[k] for k in ("name", "domain", "url", "capacity", "heartbeat", "healthy")} == {
+        "name": "selfreg", "domain": "test", "url": service.url, "capacity": 4, "heartbeat": "push", "healthy": True}
+    orch.wait_done(3)
+    assert first is not None and len(journal(tmp_path, run_name)) == 12  # 6 starts, 6 ends
+    beat = record["last_heartbeat"]
+    time.sleep(1.0)
+    assert orch.envs()[0]["last_heartbeat"] > beat  # heartbeats keep coming (every 0.3 s here)
+    assert service.stop() == 0  # SIGTERM: the service deregisters itself
+    orch.wait(lambda s: orch.envs() == [], what="deregistration")
+
+
+def test_cli_registers_lists_probes_and_removes_a_service(orchestrators, tmp_path, run_name):
+    (service,) = start_envs(tmp_path, 1, "--name", "byhand", "--capacity", "6", "--option", "sleep_s=0.1",
+                            "--option", f"journal={tmp_path}")
+    orch = orchestrators("--group-size", "2", "--max-groups", "2", "--auth-token", TOKEN, token=TOKEN)
+
+    refused = cli("env", "register", "--orchestrator", orch.url, "--url", service.url)
+    assert refused.returncode != 0 and "401" in refused.stderr
+    done = cli("env", "register", "--orchestrator", orch.url, "--url", service.url, token=TOKEN)
+    assert done.returncode == 0, done.stderr
+    env_id = done.stdout.strip()
+    listed = cli("env", "list", "--orchestrator", orch.url, token=TOKEN)
+    assert listed.returncode == 0 and env_id in listed.stdout and "byhand" in listed.stdout
+    (record,) = orch.envs()
+    # name, domain and capacity came from the service's /info; the orchestrator probes its /health
+    assert (record["name"], record["domain"], record["capacity"], record["heartbeat"]) == ("byhand", "test", 6, "probe")
+    orch.wait_done(2)
+    assert len([e for e in journal(tmp_path, run_name) if e["event"] == "start"]) == 4
+
+    service.proc.kill()
+    service.proc.wait()
+    orch.wait(lambda s: not orch.envs()[0]["healthy"], timeout_s=30, what="failed probes")
+    removed = cli("env", "remove", "--orchestrator", orch.url, env_id, token=TOKEN)
+    assert removed.returncode == 0 and f"removed {env_id}" in removed.stdout
+    assert orch.envs() == []
+    service.stop()
+
+
+def test_registry_errors_name_the_problem(orchestrators):
+    orch = orchestrators()
+    bad = orch.http.post("/v1/envs", json={"name": "x", "domain": "d", "url": "http://127.0.0.1:1", "capacity": 0})
+    assert bad.status_code == 400 and "capacity" in bad.json()["error"]
+    missing = orch.http.post("/v1/envs", json={"domain": "d", "url": "http://127.0.0.1:1", "capacity": 1})
+    assert missing.status_code == 400 and "name" in missing.json()["error"]
+    unknown = orch.http.post("/v1/envs/env-nope/heartbeat", json={"in_flight": 0})
+    assert unknown.status_code == 404 and "env-nope" in unknown.json()["error"]
+    assert orch.http.delete("/v1/envs/env-nope").status_code == 404
+    env_id = orch.register("http://127.0.0.1:1/", name="a")
+    assert orch.register("http://127.0.0.1:1", name="a") == env_id  # same URL: same entry
+    clash = orch.http.post("/v1/envs", json={"name": "b", "domain": "d", "url": "http://127.0.0.1:1", "capacity": 1})
+    assert clash.status_code == 400 and "already registered" in clash.json()["error"]
+    assert orch.http.get("/health").json() == {"status": "ok"}

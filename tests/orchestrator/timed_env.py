@@ -1,0 +1,66 @@
+"""An environment written only against the SDK, outside envs/, for the orchestrator's tests and
+benchmark: an episode makes `llm_turns` model calls, then sleeps `sleep_s` (its "tool time"), and
+scores 1.0 when the first reply contains the task's answer.
+
+    python -m envs.serve --env tests.orchestrator.timed_env.TimedEnv --option sleep_s=0.5 ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+from envs.sdk import Environment, EpisodeResult
+
+
+class TimedEnv(Environment):
+    name = "timed"
+    domain = "test"
+
+    def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
+                 broken: bool = False, jitter: float = 0.0):
+        self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
+        """broken: every episode raises after its sleep (the service reports status failed)."""
+        self.jitter = jitter
+        """Sleep uniformly in sleep_s * (1 +- jitter), drawn from the episode seed (desynchronises load)."""
+        self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
+        """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
+
+    def note(self, event: str, ctx, **extra) -> None:
+        if self.journal is not None:
+            entry = {"event": event, "at": time.time(), "pid": os.getpid(), "episode_id": ctx.episode_id,
+                     "task_id": ctx.task_id, "seed": ctx.seed, **extra}
+            with self.journal.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    async def list_tasks(self) -> list[str]:
+        return [f"t-{i:04d}" for i in range(self.num_tasks)]
+
+    async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
+        base_url = str(llm.base_url)
+        self.note("start", ctx, base_url=base_url)
+        outcome = "cancelled"
+        try:
+            replies = await self.talk(task_id, llm, ctx)
+            await asyncio.sleep(self.sleep_s * (1 + self.jitter * (2 * random.Random(ctx.seed).random() - 1)))
+            if self.broken:
+                outcome = "broken"
+                raise RuntimeError("planted failure: this service is broken")
+            outcome = "completed"
+        finally:
+            self.note("end", ctx, base_url=base_url, outcome=outcome)
+        reward = 1.0 if replies and task_id in replies[0] else 0.0
+        return EpisodeResult(reward=reward, info={"pid": os.getpid(), "seed": ctx.seed})
+
+    async def talk(self, task_id: str, llm, ctx) -> list[str]:
+        replies: list[str] = []
+        messages = [{"role": "user", "content": f"Say {task_id}."}]
+        for _ in range(min(self.llm_turns, ctx.max_turns)):
+            response = await llm.chat.completions.create(messages=messages, **ctx.completion_args())
+            replies.append(response.choices[0].message.content or "")
+            messages += [{"role": "assistant", "content": replies[-1]}, {"role": "user", "content": "Again."}]
+        return replies
