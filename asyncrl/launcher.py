@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, replace
@@ -43,8 +44,17 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+class Stopped(Exception):
+    """SIGTERM (e.g. `ray job stop`, a timeout): unwind through the clean shutdown."""
+
+
+def _raise_stopped(*_: object) -> None:
+    raise Stopped()
+
+
 def run(cfg: RunConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _raise_stopped)
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -60,9 +70,9 @@ def run(cfg: RunConfig) -> int:
             log.error("asyncrl: %s", err)
             print(f"asyncrl: {err}", flush=True)
             return 1
-        except KeyboardInterrupt:
-            log.warning("interrupted: shutting down")
-            return 130
+        except (KeyboardInterrupt, Stopped) as err:
+            log.warning("%s: shutting down", "interrupted" if isinstance(err, KeyboardInterrupt) else "SIGTERM")
+            return 130 if isinstance(err, KeyboardInterrupt) else 143
     log.info("run %s finished %d steps", cfg.name, cfg.total_steps)
     return 0
 
@@ -174,18 +184,19 @@ class Job:
 
     def _start_orchestrator(self, gateway: str) -> str:
         o, sampling, cfg = self.cfg.orchestrator, self.cfg.rollout.sampling, self.cfg
-        sync = cfg.mode == "sync"
-        limit = cfg.trainer.groups_per_step if sync else o.max_unconsumed_groups
+        # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
+        # sync mode is limit 0: one batch per weight version, generated after the previous push.
+        staleness = 0 if cfg.mode == "sync" else cfg.trainer.staleness_tau
+        groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
         args = ["--redis-url", self.redis_url, "--run", cfg.name, "--gateway", gateway,
                 "--max-in-flight", str(o.max_in_flight), "--group-size", str(o.group_size),
                 "--max-attempts", str(o.max_attempts), "--max-turns", str(o.max_turns),
-                "--max-unconsumed-groups", str(limit), "--heartbeat-interval-s", str(o.heartbeat_interval_s),
-                "--heartbeat-timeout-s", str(o.heartbeat_timeout_s), "--episode-timeout-s", str(o.episode_timeout_s),
+                "--max-unconsumed-groups", str(o.max_unconsumed_groups), "--staleness-limit", str(staleness),
+                "--groups-per-step", str(groups_per_version),
+                "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
+                "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
                 "--temperature", str(sampling.temperature), "--top-p", str(sampling.top_p),
                 "--max-tokens", str(sampling.max_new_tokens)]
-        if not sync:
-            args += ["--staleness-limit", str(cfg.trainer.staleness_tau),
-                     "--groups-per-step", str(cfg.trainer.groups_per_step)]
         if o.domain_weights:
             args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
         if o.rate_limits:

@@ -167,14 +167,22 @@ class Store:
         await pipe.execute()
 
     async def unconsumed_groups(self, group: str = TRAINER_GROUP) -> int:
-        """Groups not yet acknowledged by the trainer (undelivered + delivered-but-unacked):
-        the orchestrator's backpressure signal."""
+        """Groups not yet acknowledged by the trainer (unread + read-but-unacknowledged)."""
+        lag, pending = await self._consumer_state(group)
+        return lag + pending
+
+    async def unread_groups(self, group: str = TRAINER_GROUP) -> int:
+        """Complete groups the trainer has not read yet: the orchestrator's backpressure signal (groups
+        the trainer holds are being trained, or trained and awaiting their checkpoint)."""
+        return (await self._consumer_state(group))[0]
+
+    async def _consumer_state(self, group: str) -> tuple[int, int]:
         await self.ensure_consumer_group(group)
         info = next(g for g in await self.redis.xinfo_groups(self.key("groups")) if _s(g["name"]) == group)
         lag = info.get("lag")
         if lag is None:  # Redis < 7 has no lag field: count entries after last-delivered-id
             lag = len(await self.redis.xrange(self.key("groups"), f"({_s(info['last-delivered-id'])}", "+"))
-        return int(lag) + int(info["pending"])
+        return int(lag), int(info["pending"])
 
     # Weights -----------------------------------------------------------------------------------
     async def set_weights(self, version: int, location: str, **extra: Any) -> None:

@@ -22,6 +22,8 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from asyncrl.store import Store
 
 
@@ -118,6 +120,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         asyncio.run(watch(redis_url, run, args.interval, args.once))
     except KeyboardInterrupt:
         pass
+    except RedisConnectionError:
+        raise SystemExit(f"asyncrl watch: cannot reach the run's Redis at {redis_url} (has the run ended?)")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 Redis is read every `backpressure_interval_s` (`refresh`); between reads each signal answers `holds()`
 from local counts, so the limits hold exactly, not one poll interval late:
 
-- `unconsumed_groups`: complete groups the trainer has not acknowledged, plus groups this
-  orchestrator completed since (not yet visible in the read) and groups still open (they will be
-  complete groups soon), >= max_unconsumed_groups: the trainer lags.
+- `unconsumed_groups`: complete groups the trainer has not read yet, plus groups this orchestrator
+  completed since (not yet visible in the read) and groups still open (they will be complete groups
+  soon), >= max_unconsumed_groups: the trainer lags. Groups the trainer has read but not acknowledged
+  (training, or waiting for the checkpoint that makes them durable) do not count: counting them would
+  deadlock a trainer that checkpoints every few steps.
 - `staleness`: group n may start only while n < (weight_version + staleness_limit + 1) * groups_per_step,
   so rollouts never run more than staleness_limit weight versions ahead of the trainer (AReaL's rule).
 
@@ -46,7 +48,7 @@ class UnconsumedGroups(Signal):
         self.recorded_at_read = 0
 
     async def refresh(self, store):
-        self.unconsumed = await store.unconsumed_groups()
+        self.unconsumed = await store.unread_groups()
         self.recorded_at_read = self.recorded()  # after the read: a group written meanwhile counts twice, never 0 times
 
     def holds(self, weight_version):

@@ -48,7 +48,7 @@ async def test_write_read_ack_trim(redis_server, run_name):
     for g in got:
         assert [s.sample_id for s in g.samples] == [s.sample_id for s in written[g.record.group_id]]
         np.testing.assert_array_equal(g.samples[0].tokens, written[g.record.group_id][0].tokens)
-    assert await store.unconsumed_groups() == 3
+    assert await store.unconsumed_groups() == 3 and await store.unread_groups() == 0
     await store.ack_groups(got)
     assert await store.unconsumed_groups() == 0
     # retention 1: the two oldest consumed groups and their samples are deleted
