@@ -74,6 +74,7 @@ class Scheduler:
         self._req_to_slot = torch.zeros(config.max_running_requests, config.max_context_len, dtype=torch.long)
         self._free_rows = list(range(config.max_running_requests - 1, -1, -1))
         self._last_step_prefill = False
+        self.retractions = 0
 
     # Public API (engine thread only) ---------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -89,6 +90,8 @@ class Scheduler:
             return False
         self._admit()
         extends = self._next_batch()
+        if not extends and self.running:  # the planned requests were all retracted: plan again
+            extends = self._next_batch()
         if not extends:
             return False
         self._run(extends)
@@ -128,7 +131,8 @@ class Scheduler:
             req = self.waiting[0]
             prefix, node = self._match_prefix(req)
             need = req.all_len - len(prefix) + len(self.running) + 1  # + one decode slot per runner
-            if need > self.pool.available + self.cache.evictable_tokens and self.running:
+            reclaimable = self.pool.available + self.cache.evictable_tokens - len(prefix)  # its prefix gets locked
+            if need > reclaimable and self.running:
                 return  # FCFS: the head waits for memory rather than being overtaken
             self.waiting.popleft()
             self._start(req, prefix, node)
@@ -308,6 +312,7 @@ class Scheduler:
         req.num_computed, req.num_prefix_slots = 0, 0
         self.waiting.appendleft(req)
         log.info("retracted %s (%d tokens) to free KV memory", req.rid, req.all_len)
+        self.retractions += 1
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
