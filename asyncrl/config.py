@@ -336,6 +336,8 @@ class RunConfig:
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     trainer_resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    trainer_restarts: int = 3
+    """How often a dead trainer process is restarted (it resumes from its last checkpoint)."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
 
 

@@ -54,6 +54,7 @@ def _raise_stopped(*_: object) -> None:
 
 def run(cfg: RunConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
     signal.signal(signal.SIGTERM, _raise_stopped)
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,13 +92,14 @@ def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
     if ray.is_initialized():
         return
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    repo = str(Path(__file__).resolve().parents[1])
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}}
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=False)
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        ray.init(address=address, namespace=cfg.name, log_to_driver=False)  # the job's working_dir carries the code
     else:
-        ray.init(num_cpus=cfg.ray.num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env,
-                 log_to_driver=False)
+        repo = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+        local = {} if address else {"num_cpus": cfg.ray.num_cpus or os.cpu_count(), "include_dashboard": False}
+        ray.init(address=address, namespace=cfg.name, runtime_env={"env_vars": {"PYTHONPATH": path}},
+                 log_to_driver=False, **local)
     stack.callback(ray.shutdown)
 
 
@@ -227,7 +229,7 @@ class Job:
         model = replace(cfg.model, path=model_path)
         actor = ray.remote(load(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
-            num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4)
+            num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed)
         self.training = self.trainer.run.remote(cfg.total_steps)
 
@@ -236,15 +238,21 @@ class Job:
         """Until the trainer returns; a component that cannot be brought back fails the run."""
         import ray
 
-        last_report = 0.0
+        last_report, restarts = 0.0, 0
         while True:
             done, _ = ray.wait([self.training], timeout=5.0)
             if done:
                 try:
                     ray.get(self.training)
+                    return
+                except ray.exceptions.RayActorError as err:  # the trainer process died: Ray restarts it
+                    restarts += 1
+                    if restarts > self.cfg.trainer_restarts:
+                        raise ComponentFailed("trainer", _first_line(err)) from err
+                    log.warning("trainer died (%s); resuming from its last checkpoint", _first_line(err))
+                    self.training = self.trainer.run.remote(self.cfg.total_steps)
                 except ray.exceptions.RayError as err:
                     raise ComponentFailed("trainer", _first_line(err)) from err
-                return
             self._check_services()
             if time.monotonic() - last_report > 30:
                 last_report = time.monotonic()

@@ -72,6 +72,7 @@ class Supervisor(ABC):
         self.serving = False
         self.before_start()
         self.process = spawn(self.command(), self.log_path, self.environment())
+        (self.work_dir / f"{self.name}.pid").write_text(str(self.process.pid))  # for operators and tests
         self._wait_healthy()
         self.serving = True
         self.on_serving()

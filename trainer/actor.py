@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -44,6 +45,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", cfg.keep_checkpoints)
         self.weights = WeightSync(cfg.weight_push, self.store, Path(run_dir) / "weights")
         self.state = self.checkpoints.restore(self.backend)
+        (Path(run_dir) / "trainer.pid").write_text(str(os.getpid()))  # for operators and tests
         self.loader = GroupLoader(self.store, CONSUMER, cfg, trained_stream_ids=self.state.trained_stream_ids)
         self.uncommitted: list[StepBatch] = []
         """Trained batches whose groups wait for the next checkpoint to be acknowledged."""

@@ -1,0 +1,126 @@
+"""The whole system end to end: `python -m asyncrl.train experiment=tiny_demo` learns, and survives
+an env service, an engine and the trainer being killed, losing nothing."""
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.redis_server import EmbeddedRedis
+from asyncrl.store import Store
+from tests.services import ROOT
+
+
+def launch(run_dir: Path, name: str, *overrides: str) -> subprocess.Popen:
+    log = open(run_dir.parent / f"{name}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "asyncrl.train", "experiment=tiny_demo", f"name={name}",
+                             f"run_dir={run_dir}", *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def _trainer_records(url: str, run: str) -> list[dict]:
+    store = Store.connect(url, run)
+    try:
+        return [v for _, source, v in await store.read_metrics(count=1_000_000) if source == "trainer"]
+    finally:
+        await store.close()
+
+
+def records_after_run(run_dir: Path, tmp_path: Path) -> list[dict]:
+    """The run's own record, read back from a copy of its AOF."""
+    copy = tmp_path / "redis-copy"
+    shutil.copytree(run_dir / "redis", copy)
+    with EmbeddedRedis(copy) as server:
+        return asyncio.run(_trainer_records(server.url, run_dir.name))
+
+
+def live_step(run_dir: Path) -> int:
+    try:
+        records = asyncio.run(_trainer_records((run_dir / "redis.url").read_text(), run_dir.name))
+    except (OSError, ConnectionError, Exception):
+        return 0
+    return int(records[-1]["step"]) if records else 0
+
+
+def wait_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while live_step(run_dir) < step:
+        assert proc.poll() is None, f"the run exited early with {proc.returncode}"
+        assert time.monotonic() < deadline, f"step {step} not reached"
+        time.sleep(1)
+
+
+def kill(pid_file: Path) -> int:
+    pid = int(pid_file.read_text())
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_tiny_demo_learns_under_async_grpo(tmp_path):
+    run_dir = tmp_path / "e2e_learn"
+    proc = launch(run_dir, "e2e_learn", "total_steps=40")
+    assert proc.wait(800) == 0, (tmp_path / "e2e_learn.log").read_text()[-4000:]
+    rewards = [r["reward_mean"] for r in records_after_run(run_dir, tmp_path)]
+    assert len(rewards) == 40
+    before, after = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert after > before + 0.05, (before, after)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_survives_env_engine_and_trainer_kills(tmp_path):
+    run_dir = tmp_path / "e2e_kill"
+    proc = launch(run_dir, "e2e_kill", "total_steps=24", "warmup.steps=20", "trainer.groups_per_step=8",
+                  "trainer.checkpoint_every=4", "orchestrator.heartbeat_timeout_s=4", "orchestrator.heartbeat_interval_s=1",
+                  "rollout.health_check_interval_s=1")
+    try:
+        wait_step(proc, run_dir, 4)
+        kill(run_dir / "services" / "env-arithmetic-0.pid")
+        wait_step(proc, run_dir, 9)
+        kill(run_dir / "engines" / "engine-0.pid")
+        wait_step(proc, run_dir, 14)
+        trainer_pid = kill(run_dir / "trainer.pid")
+        assert proc.wait(700) == 0, (tmp_path / "e2e_kill.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    records = records_after_run(run_dir, tmp_path)
+    steps = [int(r["step"]) for r in records]
+    assert steps[-1] == 24 and set(steps) == set(range(1, 25))  # steps after the last checkpoint were redone
+    assert int((run_dir / "trainer.pid").read_text()) != trainer_pid  # a new trainer process finished the run
+    engine_log = (run_dir / "engines" / "engine-0.log").read_text()
+    assert engine_log.count("listening on") >= 2  # the engine was relaunched
+    env_log = (run_dir / "services" / "env-arithmetic-0.log").read_text()
+    assert env_log.count("listening on") >= 2  # the env service was relaunched
+    groups = asyncio.run(_acked_groups(run_dir, tmp_path))
+    assert len(groups) == len(set(groups)) and len(groups) >= 24 * 8  # every trained group acknowledged once
+
+
+async def _acked(url: str, run: str) -> list[str]:
+    import msgpack
+
+    store = Store.connect(url, run)
+    try:
+        entries = await store.redis.lrange(store.key("consumed"), 0, -1)
+        return [msgpack.unpackb(e, raw=False)[0] for e in entries]
+    finally:
+        await store.close()
+
+
+async def _acked_groups(run_dir: Path, tmp_path: Path) -> list[str]:
+    copy = tmp_path / "redis-copy-2"
+    shutil.copytree(run_dir / "redis", copy)
+    server = EmbeddedRedis(copy).start()
+    try:
+        return await _acked(server.url, run_dir.name)
+    finally:
+        server.stop()
