@@ -295,7 +295,8 @@ class WarmupConfig:
 @dataclass
 class RayConfig:
     address: Optional[str] = None
-    """Ray cluster to join; None starts (or joins, under `ray job submit`) a local one."""
+    """Ray cluster to join ("auto": the one `ray start` runs here; "host:port"); None joins the cluster of
+    `ray job submit`, else starts a fresh local one (never a stale cluster left on the machine)."""
     num_cpus: Optional[int] = None
 
 

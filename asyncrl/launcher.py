@@ -97,8 +97,10 @@ def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
     else:
         repo = str(Path(__file__).resolve().parents[1])
         path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+        # "local": a fresh cluster of our own; with no address Ray would try the last cluster started on
+        # this machine (/tmp/ray/ray_current_cluster), which may be dead or someone else's.
         local = {} if address else {"num_cpus": cfg.ray.num_cpus or os.cpu_count(), "include_dashboard": False}
-        ray.init(address=address, namespace=cfg.name, runtime_env={"env_vars": {"PYTHONPATH": path}},
+        ray.init(address=address or "local", namespace=cfg.name, runtime_env={"env_vars": {"PYTHONPATH": path}},
                  log_to_driver=False, **local)
     stack.callback(ray.shutdown)
 

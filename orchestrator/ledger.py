@@ -63,6 +63,7 @@ class Ledger:
         self._completed: dict[str, Group] = {}
         self._heartbeats: dict[str, float] = {}
         self._in_batch: set[str] = set()
+        self._records_in_batch = 0
         self._kick = asyncio.Event()
         self._next: asyncio.Future = asyncio.get_running_loop().create_future()
         self._current: Optional[asyncio.Future] = None
@@ -112,6 +113,11 @@ class Ledger:
         self._completed[group.group_id] = group
         self._kick.set()
 
+    @property
+    def unwritten_completions(self) -> int:
+        """Complete groups whose records are not in Redis yet (waiting for, or in, the running batch)."""
+        return len(self._completed) + self._records_in_batch
+
     async def durable(self, group: Group) -> None:
         """Return once the group's state as of now is in Redis."""
         gid = group.group_id
@@ -139,6 +145,7 @@ class Ledger:
         dirty, completed, beats = self._dirty, self._completed, self._heartbeats
         self._dirty, self._completed, self._heartbeats = {}, {}, {}
         self._in_batch = set(dirty) | set(completed)
+        self._records_in_batch = len(completed)
         self._current, self._next = self._next, asyncio.get_running_loop().create_future()
         states = {gid: g.encode() for gid, g in dirty.items()}
         records = [(gid, g.record()) for gid, g in completed.items()]
@@ -147,7 +154,7 @@ class Ledger:
         meta = self.meta()
         await self._execute(lambda pipe: self._queue_batch(pipe, states, records, beats, meta))
         self.groups_recorded += len(records)
-        self._in_batch = set()
+        self._in_batch, self._records_in_batch = set(), 0
         self._current.set_result(None)
 
     def _queue_batch(self, pipe, states: dict[str, bytes], records: list, beats: dict[str, float],

@@ -45,6 +45,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", cfg.keep_checkpoints)
         self.weights = WeightSync(cfg.weight_push, self.store, Path(run_dir) / "weights")
         self.state = self.checkpoints.restore(self.backend)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "trainer.pid").write_text(str(os.getpid()))  # for operators and tests
         self.loader = GroupLoader(self.store, CONSUMER, cfg, trained_stream_ids=self.state.trained_stream_ids)
         self.uncommitted: list[StepBatch] = []

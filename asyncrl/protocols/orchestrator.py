@@ -110,6 +110,9 @@ class StatusResponse(BaseModel):
     retried: int
     """Re-dispatches of an episode (after a service failure, a refusal or an orchestrator restart)."""
     groups_completed: int
+    """Groups whose every member finished (in memory; their records reach Redis within ~50 ms)."""
+    groups_recorded: int
+    """Complete groups whose GroupRecord is durable in the `groups` stream (what the trainer can read)."""
     groups_open: int
     episodes_per_s: float
     """Finished episodes per second over the last `rate_window_s`."""

@@ -10,6 +10,11 @@ from tests.gateway.conftest import GatewayClient, start_gateway
 from tests.rollout.conftest import start_engine
 
 LONG = {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 1.0}
+"""Seconds of decoding on a tiny engine: long enough to kill or cut mid-way."""
+FAILOVER = {**LONG, "max_new_tokens": 480}
+"""A turn that still decodes 1 s in, and whose context stays under 512 tokens: beyond that, DSA near ties
+make a few decode-path log-probs differ from the teacher-forced ones (bench/results/logprob_mismatch.md),
+and this test checks the record against teacher forcing at 1e-5."""
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +59,11 @@ async def session_homed_on(client: GatewayClient, engine_url: str) -> str:
 async def test_killing_an_engine_mid_turn_loses_nothing(pair, pair_gateway, random_engine, spare_engine,
                                                         reference_model, store):
     sid = await session_homed_on(pair, spare_engine.url)
-    turn = asyncio.create_task(token_turn(pair, sid, [1011, 72, 105, 1012, 1014], LONG))
+    turn = asyncio.create_task(token_turn(pair, sid, [1011, 72, 105, 1012, 1014], FAILOVER))
     await asyncio.sleep(1.0)  # the long turn is decoding on the spare engine
     spare_engine.kill()
     out = await turn
-    assert len(out["output_ids"]) == LONG["max_new_tokens"] and out["meta_info"]["engines"] == [random_engine.url]
+    assert len(out["output_ids"]) == FAILOVER["max_new_tokens"] and out["meta_info"]["engines"] == [random_engine.url]
     await token_turn(pair, sid, [1011, 66, 1012, 1014], {"max_new_tokens": 6})
     [segment] = (await pair.record(sid))["segments"]
     assert [t["engine"] for t in segment["turns"]] == [spare_engine.url, random_engine.url, random_engine.url]

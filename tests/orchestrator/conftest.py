@@ -67,8 +67,8 @@ class Orchestrator:
         raise AssertionError(f"timed out waiting for {what or predicate}; status {status}\n{self.proc.log()}")
 
     def wait_done(self, groups: int, timeout_s: float = 90.0) -> dict:
-        """Until `groups` groups are complete and nothing is open or running."""
-        return self.wait(lambda s: s["groups_completed"] >= groups and s["groups_open"] == 0 and s["in_flight"] == 0,
+        """Until `groups` groups are complete, their records in Redis, and nothing is open or running."""
+        return self.wait(lambda s: s["groups_recorded"] >= groups and s["groups_open"] == 0 and s["in_flight"] == 0,
                          timeout_s, f"{groups} complete groups")
 
     def kill(self) -> None:

@@ -105,8 +105,8 @@ async def test_unconsumed_groups_hold_new_groups_until_the_trainer_reads(orchest
                                                                        run_name):
     orch = orchestrators("--group-size", "2", "--max-unconsumed-groups", "3")
     orch.register(env_pool[0].url)
-    held = orch.wait(lambda s: "unconsumed_groups" in s["pause_reasons"] and s["groups_open"] == 0,
-                     what="backpressure")
+    held = orch.wait(lambda s: "unconsumed_groups" in s["pause_reasons"] and s["groups_open"] == 0
+                     and s["groups_recorded"] == s["groups_completed"], what="backpressure")
     assert held["groups_completed"] == 3  # open groups count towards the limit: no overshoot
     store = Store.connect(redis_server.url, run_name)
     try:

@@ -58,7 +58,7 @@ def test_trainer_runs_as_a_ray_actor(redis_server, run_name, tiny_section, tmp_p
         await write_groups(store, policy_groups(Glm5ForCausalLM.from_config(tiny_section.arch, seed=0), 2))
         await store.close()
     run_sync(write())
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
     try:
         cfg = TrainerConfig(groups_per_step=2, staleness_tau=100, micro_batch_tokens=64)
