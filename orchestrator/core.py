@@ -60,6 +60,8 @@ class Orchestrator:
         self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)
         self._running: dict[str, dict[str, tuple[Group, Member, asyncio.Task]]] = {}
         """env_id -> episode_id -> the attempt running at that service."""
+        self.settling = 0
+        """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
         self._wake = asyncio.Event()
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
@@ -176,11 +178,14 @@ class Orchestrator:
         if not self._release(service, episode_id):
             return
         self.metrics.duration.labels(group.env).observe(time.monotonic() - started)
+        self.settling += 1
         try:
             await self._settle(group, member, service, outcome)
         except Exception:  # noqa: BLE001
             log.exception("episode %s: settling failed; running it again", episode_id)
             self._requeue(group, member, "error", failure=True)
+        finally:
+            self.settling -= 1
 
     async def _play(self, group: Group, member: Member, service: Service, episode_id: str) -> Outcome:
         try:
@@ -346,7 +351,7 @@ class Orchestrator:
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
                                      healthy_services=q.healthy_services(), weight=q.weight)
         return StatusResponse(
-            in_flight=self.scheduler.in_flight, queued=self.scheduler.queued, completed=self.counters.total("completed"),
+            in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued, completed=self.counters.total("completed"),
             failed=self.counters.total("failed"), retried=self.counters.retried,
             groups_completed=self.counters.total("groups"),
             groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions, groups_open=len(self.groups),

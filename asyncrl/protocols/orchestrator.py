@@ -103,6 +103,8 @@ class StatusResponse(BaseModel):
 
     in_flight: int
     """Episodes running at env services."""
+    settling: int
+    """Episodes the env service has answered whose result is being recorded (gateway finish, ledger)."""
     queued: int
     """Episodes of accepted groups waiting for a slot (retries, episodes restored after a restart)."""
     completed: int

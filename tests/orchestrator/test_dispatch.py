@@ -91,7 +91,7 @@ def test_pause_stops_dispatch_and_resume_restarts_it(orchestrators, env_pool):
     orch.register(env_pool[0].url)
     orch.wait(lambda s: s["completed"] >= 4, what="first episodes")
     assert orch.http.post("/v1/pause").json() == {"paused": True, "pause_reasons": ["operator"]}
-    paused = orch.wait(lambda s: s["in_flight"] == 0, what="running episodes to finish")
+    paused = orch.wait(lambda s: s["in_flight"] == 0 and s["settling"] == 0, what="running episodes to finish")
     assert paused["paused"] and orch.status()["completed"] == paused["completed"]
     import time
 
