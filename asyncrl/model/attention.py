@@ -16,6 +16,7 @@ own fresh latents when there is no cache). Two interchangeable kernels:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -44,13 +45,44 @@ class AttentionContext:
         impl = self.batch.attention_impl
         return impl == "sparse" or self.batch.max_context > index_topk or self.indexer_kl
 
+    @cached_property
+    def groups(self) -> list["AttentionGroup"]:
+        """The batch's length groups (ForwardBatch.length_groups), each with its own context; built once
+        per forward and shared by every layer. One group: the whole batch, no row shuffling."""
+        seqs = self.batch.length_groups()
+        if len(seqs) == 1:
+            return [AttentionGroup(None, self)]
+        groups = []
+        for members in seqs:
+            rows, sub = self.batch.subset(members, slots_are_rows=self.cache is None)
+            groups.append(AttentionGroup(rows, AttentionContext(sub, self.rotations.index_select(0, rows), self.cache,
+                                                                self.indexer_kl)))
+        return groups
+
+    @cached_property
+    def ungroup(self) -> torch.Tensor:
+        """[N]: where each row of the batch lies in the concatenation of the groups' rows."""
+        order = torch.cat([g.rows for g in self.groups])
+        return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    rows: Optional[torch.Tensor]
+    """[n] rows of the batch this group attends for (None: all of them, in order)."""
+    ctx: AttentionContext
+
+
+Selections = list[Optional[Selection]]
+"""One selection per length group of the context (AttentionContext.groups); None: every causal key."""
+
 
 @dataclass
 class AttentionOutput:
     out: torch.Tensor
     """[N, hidden]"""
-    selection: Optional[Selection]
-    """This layer's selection (a full layer's own, or the one it reused); None: every causal key."""
+    selection: Selections
+    """This layer's selections (a full layer's own, or the ones it reused)."""
     indexer_kl: Optional[torch.Tensor] = None
     """Scalar KL(attention || indexer) per-token mean, on full layers when ctx.indexer_kl."""
 
@@ -73,11 +105,25 @@ class MLA(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, config.hidden_size, bias=bias)
         self.indexer = Indexer(config) if config.layer_indexer_types[layer_idx] == "full" else None
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selection]) -> AttentionOutput:
-        """x [N, hidden] (normed); `shared`: the previous full layer's selection (used on "shared" layers).
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selections]) -> AttentionOutput:
+        """x [N, hidden] (normed); `shared`: the previous full layer's selections (used on "shared" layers).
 
-        Writes this layer's cache rows when ctx.cache is set.
+        Writes this layer's cache rows when ctx.cache is set. Each length group attends on its own.
         """
+        groups = ctx.groups
+        if len(groups) == 1:
+            out, selection, kl = self.attend(x, ctx, shared[0] if shared else None)
+            return AttentionOutput(out, [selection], kl)
+        parts = [self.attend(x.index_select(0, g.rows), g.ctx, shared[i] if shared else None)
+                 for i, g in enumerate(groups)]
+        out = torch.cat([p[0] for p in parts]).index_select(0, ctx.ungroup)
+        kls = [p[2] * g.rows.numel() for p, g in zip(parts, groups) if p[2] is not None]
+        kl = torch.stack(kls).sum() / x.shape[0] if kls else None  # the per-token mean over all groups
+        return AttentionOutput(out, [p[1] for p in parts], kl)
+
+    def attend(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selection]
+               ) -> tuple[torch.Tensor, Optional[Selection], Optional[torch.Tensor]]:
+        """Attention of one batch (or length group) -> output [N, hidden], its selection, its indexer KL."""
         q_resid = self.q_a_layernorm(self.q_a_proj(x))  # [N, q_lora]
         q = self.q_b_proj(q_resid).view(x.shape[0], self.n_heads, -1)  # [N, h, nope + rope]
         store = self._store(self.latent(x, ctx), ctx, ctx.cache.latent[self.layer_idx] if ctx.cache else None)
@@ -90,7 +136,7 @@ class MLA(nn.Module):
                 kl = self._indexer_kl(x, q_resid, probs, selection, ctx)
         else:
             out = self.dense_attention(query, store, selection, ctx.batch)
-        return AttentionOutput(self.o_proj(self.absorb_output(out).flatten(1)), selection, kl)
+        return self.o_proj(self.absorb_output(out).flatten(1)), selection, kl
 
     def latent(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x [N, hidden] -> latent rows [N, kv_lora + rope]: normed c_kv and the rotated shared rope key."""

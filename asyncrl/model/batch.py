@@ -51,6 +51,14 @@ class ForwardBatch:
     max_score_elements: int = 1 << 22
     """Indexer scores are computed in query chunks of at most this many fp32 values (16 MiB): the
     indexer's memory stays O(T) instead of O(T^2) for long prefills."""
+    group_length_ratio: float = 2.0
+    """Multi-query batches (prefill, training) whose context lengths differ a lot run attention and the
+    indexer per group of similar lengths: a sequence starts a new group when its context is shorter
+    than 1 / ratio of its group's longest. One padded [B, Lq, Lk] layout would make every sequence pay
+    the longest one's Lq x Lk (a 512-token sample packed with 64-token ones: ~3x slower training).
+    0 disables. Decode batches (one query per sequence) are never split."""
+    group_min_pairs: int = 1 << 16
+    """Grouping is skipped when the padded layout has fewer query-key pairs than this (cheap anyway)."""
 
     # Derived in __post_init__ ---------------------------------------------------------------------
     positions: torch.Tensor = field(init=False)
@@ -134,6 +142,41 @@ class ForwardBatch:
         if self._rectangular:
             return padded.reshape(-1, *padded.shape[2:])
         return padded.flatten(0, 1).index_select(0, self.padded_rows)
+
+    # Length groups (attention of multi-query batches) ----------------------------------------------
+    def length_groups(self) -> list[list[int]]:
+        """Sequence indices grouped by similar context length (longest first), or one group of all."""
+        num_seqs, max_extend = self.query_rows.shape
+        if (self.group_length_ratio <= 0 or num_seqs == 1 or max_extend == 1
+                or num_seqs * max_extend * self.max_context < self.group_min_pairs):
+            return [list(range(num_seqs))]
+        lengths = self.context_lens.tolist()
+        groups: list[list[int]] = []
+        for i in sorted(range(num_seqs), key=lambda i: (-lengths[i], i)):
+            if groups and lengths[i] * self.group_length_ratio >= lengths[groups[-1][0]]:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
+    def subset(self, seqs: Sequence[int], slots_are_rows: bool) -> tuple[torch.Tensor, "ForwardBatch"]:
+        """-> the flat rows of sequences `seqs` (in that order) and a batch of just them. `slots_are_rows`:
+        the context slots index this batch's own rows (no cache), so they are renumbered into the subset's."""
+        device = self.input_ids.device
+        index = torch.tensor(seqs, device=device)
+        starts = torch.cumsum(self.extend_lens, 0) - self.extend_lens
+        ext = self.extend_lens[index]
+        first = torch.repeat_interleave(starts[index] - (torch.cumsum(ext, 0) - ext), ext)  # [n] row offset
+        rows = first + torch.arange(int(ext.sum()), device=device)  # [n] flat rows of the subset, in order
+        slots = self.context_slots[index, : int(self.context_lens[index].max())]
+        if slots_are_rows:
+            renumber = torch.zeros(self.input_ids.numel(), dtype=torch.long, device=device)
+            renumber[rows] = torch.arange(rows.numel(), device=device)
+            slots = renumber[slots]
+        sub = ForwardBatch(self.input_ids[rows], ext, slots, self.context_lens[index], attention_impl=self.attention_impl,
+                           dense_context_ratio=self.dense_context_ratio, max_score_elements=self.max_score_elements,
+                           group_length_ratio=0)
+        return rows, sub
 
     # Constructors ---------------------------------------------------------------------------------
     @classmethod

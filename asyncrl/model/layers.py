@@ -7,8 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from asyncrl.model.attention import MLA, AttentionContext, AttentionOutput
-from asyncrl.model.indexer import Selection
+from asyncrl.model.attention import MLA, AttentionContext, AttentionOutput, Selections
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.moe import MLP, MoE
 from asyncrl.model.norm import RMSNorm
@@ -23,7 +22,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selection]
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selections]
                 ) -> tuple[torch.Tensor, AttentionOutput]:
         """x [N, hidden] -> [N, hidden], and the attention's selection / indexer loss."""
         attn = self.self_attn(self.input_layernorm(x), ctx, shared)

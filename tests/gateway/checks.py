@@ -39,13 +39,24 @@ async def assert_engine_replays(engine_url: str, segment: dict[str, Any], sampli
             assert (got - torch.tensor(segment["rollout_logprobs"][start:end])).abs().max() <= 1e-5
 
 
+NEAR_TIE_SHARE, NEAR_TIE_BOUND = 0.02, 0.2
+"""DSA near ties (docs/model.md, "Near ties"): in contexts longer than index_topk, a few tokens' cached-decode
+log-probs differ from teacher forcing (0.4% of tokens at 2k context, at most 0.1 measured). A wrong record (misaligned, wrong weights, tokens
+dropped or repeated) misses on most tokens, by far more."""
+
+
 def assert_teacher_forced(model, segment: dict[str, Any], tolerance: float = 1e-5) -> float:
-    """Recorded log-probs equal the model's teacher-forced log-probs of the recorded tokens (fp32)."""
+    """Recorded log-probs equal the model's teacher-forced log-probs of the recorded tokens (fp32) within
+    `tolerance`, but for at most NEAR_TIE_SHARE of the loss tokens, each within NEAR_TIE_BOUND.
+    -> the largest difference."""
     ids = torch.tensor(segment["tokens"])
     with torch.no_grad():
         out = model.token_logprobs(ids, torch.tensor([0, len(ids)]), torch.cat([ids[1:], ids[:1]]), with_entropy=False)
     forced = torch.cat([torch.zeros(1), out.logprobs[:-1]])  # forced[i] = log p(ids[i] | ids[:i])
     mask = torch.tensor(segment["loss_mask"], dtype=torch.bool)
-    error = (forced[mask] - torch.tensor(segment["rollout_logprobs"])[mask]).abs().max().item()
-    assert error <= tolerance, error
-    return error
+    errors = (forced[mask] - torch.tensor(segment["rollout_logprobs"])[mask]).abs()
+    outside = errors > tolerance
+    assert outside.float().mean().item() <= NEAR_TIE_SHARE and errors.max().item() <= NEAR_TIE_BOUND, (
+        f"{int(outside.sum())} of {errors.numel()} loss tokens differ by more than {tolerance}; largest "
+        f"{errors.max().item():.3g} at loss tokens {outside.nonzero().flatten().tolist()[:10]}")
+    return errors.max().item()

@@ -35,7 +35,8 @@ def _full_logits(model: Glm5ForCausalLM, seqs: list[torch.Tensor]) -> list[torch
         return [model(seq[None])[0] for seq in seqs]
 
 
-def _decode_ragged(model, seqs, prompt_lens, cache, slots, prefill_chunk: int) -> list[list[torch.Tensor]]:
+def _decode_ragged(model, seqs, prompt_lens, cache, slots, prefill_chunk: int, **batch_options
+                   ) -> list[list[torch.Tensor]]:
     """Prefill every prompt in chunks (all sequences in each call), then decode the rest one token per
     call for all sequences at once (teacher-forced). -> per sequence, the logits of each position."""
     out = [[] for _ in seqs]
@@ -45,7 +46,8 @@ def _decode_ragged(model, seqs, prompt_lens, cache, slots, prefill_chunk: int) -
             live = [i for i, s in enumerate(seqs) if done[i] < len(s)]
             take = {i: min(prefill_chunk if done[i] < prompt_lens[i] else 1, len(seqs[i]) - done[i]) for i in live}
             batch = ForwardBatch.from_lists([seqs[i][done[i] : done[i] + take[i]].tolist() for i in live],
-                                            [slots[i][: done[i] + take[i]] for i in live], logits="all")
+                                            [slots[i][: done[i] + take[i]] for i in live], logits="all",
+                                            **batch_options)
             logits = model.forward_batch(batch, cache).split([take[i] for i in live])
             for i, rows in zip(live, logits):
                 out[i].extend(rows)
@@ -57,13 +59,14 @@ def _max_diff(decoded: list[list[torch.Tensor]], full: list[torch.Tensor]) -> fl
     return max((torch.stack(rows) - ref).abs().max().item() for rows, ref in zip(decoded, full))
 
 
-@pytest.mark.parametrize("prefill_chunk", [64, 7])
-def test_ragged_cached_decode_equals_full_forward_over_70_steps(parity_model, parity_config, prefill_chunk):
+@pytest.mark.parametrize("prefill_chunk,grouping", [(64, {}), (7, {}), (64, {"group_min_pairs": 0})],
+                         ids=["chunk64", "chunk7", "chunk64-length-groups"])
+def test_ragged_cached_decode_equals_full_forward_over_70_steps(parity_model, parity_config, prefill_chunk, grouping):
     prompt_lens, steps = [3, 20, 41, 9], 70  # contexts grow from 3 to 111 tokens, index_topk is 16
     seqs = _sequences([p + steps for p in prompt_lens], seed=0)
     slots = _scattered_slots([len(s) for s in seqs], 1024, seed=1)
     cache = KVCache(parity_config, 1024)
-    decoded = _decode_ragged(parity_model, seqs, prompt_lens, cache, slots, prefill_chunk)
+    decoded = _decode_ragged(parity_model, seqs, prompt_lens, cache, slots, prefill_chunk, **grouping)
     assert _max_diff(decoded, _full_logits(parity_model, seqs)) <= TOLERANCE
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import torch
 
+from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.io import save_pretrained
 from asyncrl.model.model import Glm5ForCausalLM
 
@@ -158,3 +159,28 @@ def test_sparse_gather_and_dense_mask_kernels_agree_in_value_and_gradient(parity
     assert (sparse - dense).abs().max() <= 1e-5
     assert sparse_grads.keys() == dense_grads.keys()
     assert all(torch.allclose(sparse_grads[n], dense_grads[n], rtol=1e-4, atol=1e-5) for n in sparse_grads)
+
+
+def test_length_groups_give_the_ungrouped_values_gradients_and_indexer_kl(parity_config):
+    """A packed batch of very different lengths attends per length group (ForwardBatch.length_groups);
+    the result is that of one padded layout over all sequences."""
+    generator = torch.Generator().manual_seed(5)
+    lengths = [90, 12, 40, 7, 95, 20]
+    ids = torch.randint(0, 512, (sum(lengths),), generator=generator)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    targets = ids.roll(-1)
+    assert ForwardBatch.packed(ids, cu, group_min_pairs=0).length_groups() == [[4, 0], [2, 5], [1, 3]]
+    for impl in ("sparse", "dense"):
+        results = []
+        for grouping in ({"group_min_pairs": 0}, {"group_length_ratio": 0}):
+            model = Glm5ForCausalLM.from_config(parity_config, seed=3)
+            out = model.token_logprobs(ids, cu, targets, attention_impl=impl, indexer_kl=impl == "sparse", **grouping)
+            loss = out.logprobs.sum() + (out.indexer_kl if out.indexer_kl is not None else 0.0)
+            loss.backward()
+            grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            results.append((out.logprobs.detach(), out.indexer_kl, grads))
+        (grouped, kl, grads), (ungrouped, kl_ref, grads_ref) = results
+        assert (grouped - ungrouped).abs().max() <= 1e-5, impl
+        assert kl is None or abs(kl.item() - kl_ref.item()) <= 1e-6
+        assert grads.keys() == grads_ref.keys()
+        assert all(torch.allclose(grads[n], grads_ref[n], rtol=1e-4, atol=1e-5) for n in grads), impl
