@@ -3,9 +3,11 @@
     python bench/engine_bench.py [--new-tokens 64] [--out bench/results/engine_bench]
 
 1. Throughput and inter-token latency at concurrency 1, 8, 32, 128. asyncrl: that many concurrent
-   streaming /generate requests over HTTP (ITL = gaps between a request's streamed tokens). transformers:
-   `generate` on a batch of the same prompts (ITL = time between decode steps). Both sample every token
-   (temperature 1, no early stop), both on the same 2 CPU cores with one torch thread each.
+   streaming /generate requests over HTTP (ITL = gaps between a request's streamed tokens), then the
+   same requests without streaming (what the gateway sends; throughput only). transformers: `generate`
+   on a batch of the same prompts (ITL = time between decode steps). All sample every token
+   (temperature 1, no early stop), on the same 2 CPU cores with one torch thread each; the benchmark's
+   own HTTP client shares those cores.
 2. Prefix-cache gain: multi-turn sessions that re-send their growing history, radix cache on vs off.
 3. Weight-update latency: update_weights_from_disk / _from_tensor / _from_distributed (gloo).
 """
@@ -74,6 +76,19 @@ async def engine_round(url: str, concurrency: int, new_tokens: int) -> dict:
     assert counts == [new_tokens] * concurrency
     return {"tokens_per_s": sum(counts) / elapsed, "itl_p50_ms": pct(gaps, 0.5) * 1e3,
             "itl_p99_ms": pct(gaps, 0.99) * 1e3, "elapsed_s": elapsed}
+
+
+async def engine_batch_round(url: str, concurrency: int, new_tokens: int) -> dict:
+    """The same requests without streaming (how the gateway calls engines): throughput only."""
+    params = {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}
+    async with EngineClient(url, timeout_s=600) as client:
+        await client.generate(prompts(1)[0], params, return_logprob=False)  # warm-up
+        start = time.perf_counter()
+        outs = await asyncio.gather(*(client.generate(p, {**params, "sampling_seed": i}, return_logprob=False)
+                                      for i, p in enumerate(prompts(concurrency))))
+        elapsed = time.perf_counter() - start
+    assert [len(o.output_ids) for o in outs] == [new_tokens] * concurrency
+    return {"tokens_per_s": concurrency * new_tokens / elapsed, "elapsed_s": elapsed}
 
 
 # transformers ------------------------------------------------------------------------------------
@@ -172,11 +187,13 @@ def main() -> None:
     try:
         for c in CONCURRENCY:
             ours = asyncio.run(engine_round(engine.url, c, args.new_tokens))
+            batch = asyncio.run(engine_batch_round(engine.url, c, args.new_tokens))
             theirs = transformers_round(hf, c, args.new_tokens)
-            results["throughput"][c] = {"asyncrl": ours, "transformers": theirs,
-                                        "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"]}
-            print(f"concurrency {c}: asyncrl {ours['tokens_per_s']:.0f} tok/s, transformers "
-                  f"{theirs['tokens_per_s']:.0f} tok/s -> {results['throughput'][c]['speedup']:.2f}x", flush=True)
+            results["throughput"][c] = {"asyncrl": ours, "asyncrl_nonstream": batch, "transformers": theirs,
+                                        "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"],
+                                        "speedup_nonstream": batch["tokens_per_s"] / theirs["tokens_per_s"]}
+            print(f"concurrency {c}: asyncrl {ours['tokens_per_s']:.0f} tok/s streaming, {batch['tokens_per_s']:.0f} "
+                  f"without; transformers {theirs['tokens_per_s']:.0f} tok/s", flush=True)
         results["prefix_cache"] = {"on": asyncio.run(multi_turn(engine.url))}
         results["weight_update"] = asyncio.run(weight_updates(engine.url, work / "ckpt"))
     finally:
@@ -199,11 +216,13 @@ def render_markdown(r: dict) -> str:
     lines = ["# Engine benchmark", "", f"Command: `{r['command']}`  ", f"Machine: {r['machine']}, load average "
              f"{r['load_avg_start'][0]:.1f} at start; tiny GLM-5 ({r['params'] / 1e6:.2f}M params), "
              f"{r['new_tokens']} sampled tokens per request, one torch thread each.", "",
-             "| concurrency | asyncrl tok/s | transformers tok/s | speedup | asyncrl ITL p50 / p99 ms | "
-             "transformers ITL p50 / p99 ms |", "|---|---|---|---|---|---|"]
+             "| concurrency | asyncrl tok/s (streaming) | asyncrl tok/s (not streaming) | transformers tok/s | "
+             "speedup (streaming / not) | asyncrl ITL p50 / p99 ms | transformers ITL p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|"]
     for c, row in r["throughput"].items():
-        a, t = row["asyncrl"], row["transformers"]
-        lines.append(f"| {c} | {a['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {row['speedup']:.2f}x | "
+        a, b, t = row["asyncrl"], row["asyncrl_nonstream"], row["transformers"]
+        lines.append(f"| {c} | {a['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | "
+                     f"{row['speedup']:.2f}x / {row['speedup_nonstream']:.2f}x | "
                      f"{a['itl_p50_ms']:.1f} / {a['itl_p99_ms']:.1f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} |")
     pc = r["prefix_cache"]
     lines += ["", f"Prefix cache (16 sessions x 6 turns, growing history): {pc['on']['elapsed_s']:.2f} s with the radix "

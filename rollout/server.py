@@ -24,7 +24,7 @@ from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupReq
                               InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
                               UpdateWeightsFromTensorRequest, split_batch)
-from rollout.request import Req
+from rollout.request import Req, version_spans
 from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, decode_tensors
 
 log = logging.getLogger("rollout.server")
@@ -55,35 +55,38 @@ class EngineMetrics:
         self.e2e_latency.observe(time.monotonic() - req.created)
 
 
-def response_body(req: Req, engine: Engine) -> dict[str, Any]:
-    """SGLang's /generate response for the request's current state (cumulative)."""
+def response_body(req: Req, engine: Engine, upto: Optional[int] = None) -> dict[str, Any]:
+    """SGLang's /generate response for the request's state (cumulative). `upto`: a streaming snapshot of
+    the first `upto` output tokens, built off the engine thread while it may append more; None: the
+    finished request."""
     item, tok = req.item, engine.tokenizer
-    text_ids = req.output_ids
-    if req.finish_reason and req.finish_reason["type"] == "stop" and req.matched_stop_text is None \
+    n = len(req.output_ids) if upto is None else upto
+    output_ids, versions = req.output_ids[:n], req.output_versions[:n]
+    finish = req.finish_reason if upto is None else None
+    text_ids = output_ids
+    if finish and finish["type"] == "stop" and req.matched_stop_text is None \
             and not item.sampling.no_stop_trim and text_ids:
         text_ids = text_ids[:-1]
     text = tok.decode(text_ids, skip_special_tokens=item.sampling.skip_special_tokens)
-    if req.matched_stop_text and not item.sampling.no_stop_trim:
+    if finish and req.matched_stop_text and not item.sampling.no_stop_trim:
         text = text[:text.find(req.matched_stop_text)] if req.matched_stop_text in text else text
     meta: dict[str, Any] = {
-        "id": req.rid, "finish_reason": req.finish_reason, "prompt_tokens": len(req.prompt),
-        "completion_tokens": len(req.output_ids), "cached_tokens": req.cached_tokens,
-        "weight_version": req.output_versions[-1] if req.output_versions else engine.weight_version,
-        "weight_versions": req.weight_version_spans(), "e2e_latency": time.monotonic() - req.created,
+        "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt),
+        "completion_tokens": n, "cached_tokens": req.cached_tokens,
+        "weight_version": versions[-1] if versions else engine.weight_version,
+        "weight_versions": version_spans(versions), "e2e_latency": time.monotonic() - req.created,
     }
     if item.return_logprob:
         with_text = item.return_text_in_logprobs
-        meta["output_token_logprobs"] = _entries(zip(req.output_logprobs, req.output_ids), tok, with_text)
+        meta["output_token_logprobs"] = _entries(zip(req.output_logprobs[:n], output_ids), tok, with_text)
         start = max(item.logprob_start_len, 0)
         prompt_part = list(zip(req.input_logprobs, req.prompt[start:])) if item.logprob_start_len >= 0 else []
         meta["input_token_logprobs"] = _entries(prompt_part, tok, with_text)
         if item.top_logprobs_num > 0:
-            meta["output_top_logprobs"] = [_entries(top, tok, with_text) for top in req.output_top_logprobs]
+            meta["output_top_logprobs"] = [_entries(top, tok, with_text) for top in req.output_top_logprobs[:n]]
             meta["input_top_logprobs"] = [None if top is None else _entries(top, tok, with_text)
                                           for top in req.input_top_logprobs]
-    body: dict[str, Any] = {"output_ids": list(req.output_ids), "meta_info": meta}
-    body["text"] = text
-    return body
+    return {"output_ids": output_ids, "meta_info": meta, "text": text}
 
 
 def _entries(pairs, tok, with_text: bool) -> list[list[Any]]:
@@ -107,15 +110,15 @@ def build_app(engine: Engine) -> FastAPI:
         return uuid.uuid4().hex
 
     def run(item: GenerateItem) -> tuple[Req, asyncio.Queue]:
+        """Submit one item; its queue receives (output tokens so far, finished) after each update."""
         loop, updates = asyncio.get_running_loop(), asyncio.Queue()
 
-        def on_update(req: Req) -> None:  # engine thread
-            if not (req.finished or req.item.stream):
-                return  # non-streaming clients only need the final state
-            body = response_body(req, engine)
+        def on_update(req: Req) -> None:  # engine thread: only a note, the body is built by the loop
             if req.finished:
                 metrics.finished(req)
-            loop.call_soon_threadsafe(updates.put_nowait, (body, req.finished))
+            elif not req.item.stream:
+                return  # non-streaming clients only need the final state
+            loop.call_soon_threadsafe(updates.put_nowait, (len(req.output_ids), req.finished))
 
         return engine.submit(item, on_update), updates
 
@@ -129,9 +132,9 @@ def build_app(engine: Engine) -> FastAPI:
                     getter.cancel()
                     engine.call(lambda: engine.scheduler.abort(req.rid, "client disconnected"))
                     return {}
-                body, finished = getter.result()
+                _, finished = getter.result()
                 if finished:
-                    return body
+                    return response_body(req, engine)
         finally:
             disconnected.cancel()
 
@@ -282,22 +285,32 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> AsyncIterator[bytes]:
-    """SSE: one event per update of any request in the batch (cumulative output), then [DONE].
-    If the client goes away, the generator is closed and its requests are aborted."""
+    """SSE: one event per update of any request in the batch (cumulative output), then [DONE]. Updates
+    that queued up while the client was being served are merged into the newest (the output is
+    cumulative). If the client goes away, the generator is closed and its requests are aborted."""
     pending = {i: q for i, (_, q) in enumerate(started)}
+
+    def event(i: int, update: tuple[int, bool]) -> bytes:
+        while not update[1] and not pending[i].empty():
+            update = pending[i].get_nowait()
+        req, (count, finished) = started[i][0], update
+        body = response_body(req, engine, upto=None if finished else count)
+        if len(started) > 1:
+            body["index"] = i
+        if finished:
+            pending.pop(i)
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
     try:
+        while len(started) == 1 and pending:  # the common case: no task per update
+            yield event(0, await pending[0].get())
         while pending:
             getters = {asyncio.create_task(q.get()): i for i, q in pending.items()}
             done, rest = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
             for task in rest:
                 task.cancel()
             for task in done:
-                body, finished = task.result()
-                if len(started) > 1:
-                    body["index"] = getters[task]
-                yield b"data: " + orjson.dumps(body) + b"\n\n"
-                if finished:
-                    pending.pop(getters[task])
+                yield event(getters[task], task.result())
         yield b"data: [DONE]\n\n"
     finally:
         for i in pending:

@@ -13,7 +13,8 @@ tokens: `ForwardBatch.packed(input_ids, cu_seqlens)` builds that, with no cross-
 Queries are laid out padded per sequence ([B, Lq], Lq = longest extend) where the indexer and the
 dense attention need per-sequence key matrices, and flat ([N]) everywhere else. A mix of prefill
 chunks and decode tokens in one call is correct, but costs B x Lq in the indexer: schedule prefill
-and decode in separate calls (as SGLang does by default) when that matters.
+and decode in separate calls (as SGLang does by default) when that matters. Multi-query batches of very
+different context lengths are split for attention into length groups (`length_groups`, `subset`).
 """
 
 from __future__ import annotations
