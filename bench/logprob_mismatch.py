@@ -123,7 +123,8 @@ def markdown(r: dict) -> str:
              f"(prompt {r['prompt']}), temperature 1, fp32, 1 thread.  ",
              f"A token counts as divergent when |trainer - rollout| > {r['tolerance']:g}; IS-masked: ratio outside "
              f"(1 - {r['eps_low']}, 1 + {r['eps_high']}).", "",
-             "| context positions | tokens | divergent | max abs diff | mean abs diff | IS-masked |", "|---|---|---|---|---|---|"]
+             "| context positions | tokens | divergent | max abs diff | mean abs diff | IS-masked |",
+             "|---|---|---|---|---|---|"]
     for b in r["buckets"]:
         lines.append(f"| {b['positions']} | {b['tokens']} | {b['over_tolerance']:.2%} | {b['max_abs']:.1e} | "
                      f"{b['mean_abs']:.1e} | {b['is_masked']:.2%} |")

@@ -17,6 +17,7 @@ import orjson
 from starlette.requests import Request
 
 from asyncrl.chat_template import GlmChatTemplate
+from asyncrl.protocols.engine import version_spans
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequest
 from gateway.generation import NoEngineError, TurnRunner
 from gateway.metrics import GatewayMetrics
@@ -182,18 +183,9 @@ def _generate_response(turn: Turn, text: str, return_logprob: bool) -> dict[str,
     meta: dict[str, Any] = {
         "id": secrets.token_hex(12), "finish_reason": finish, "prompt_tokens": turn.base_len + len(turn.new_ids),
         "completion_tokens": len(turn.output_ids), "cached_tokens": 0,
-        "weight_version": str(versions[-1]) if versions else None, "weight_versions": _spans(versions),
+        "weight_version": str(versions[-1]) if versions else None, "weight_versions": version_spans(versions),
         "e2e_latency": turn.engine_latency_s, "engines": turn.engines}
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(turn.output_logprobs, turn.output_ids)]
     return {"text": text, "output_ids": turn.output_ids, "meta_info": meta}
 
-
-def _spans(versions: list[int]) -> list[dict[str, Any]]:
-    spans: list[dict[str, Any]] = []
-    for i, version in enumerate(versions):
-        if spans and spans[-1]["version"] == str(version):
-            spans[-1]["end"] = i + 1
-        else:
-            spans.append({"version": str(version), "start": i, "end": i + 1})
-    return spans

@@ -351,10 +351,11 @@ class Orchestrator:
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
                                      healthy_services=q.healthy_services(), weight=q.weight)
         return StatusResponse(
-            in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued, completed=self.counters.total("completed"),
-            failed=self.counters.total("failed"), retried=self.counters.retried,
-            groups_completed=self.counters.total("groups"),
-            groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions, groups_open=len(self.groups),
+            in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued,
+            completed=self.counters.total("completed"), failed=self.counters.total("failed"),
+            retried=self.counters.retried, groups_completed=self.counters.total("groups"),
+            groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions,
+            groups_open=len(self.groups),
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
             weight_version=self.backpressure.weight_version, paused=bool(self.pause_reasons),
             pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),

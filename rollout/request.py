@@ -110,13 +110,3 @@ class Req:
         if not self.finished:
             self.finish_reason = {"type": "abort", "message": message}
 
-
-def version_spans(versions: list[str]) -> list[dict[str, Any]]:
-    """Per-token weight versions -> SGLang's `weight_versions` spans [{"version", "start", "end"}]."""
-    spans: list[dict[str, Any]] = []
-    for i, version in enumerate(versions):
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] = i + 1
-        else:
-            spans.append({"version": version, "start": i, "end": i + 1})
-    return spans

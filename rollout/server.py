@@ -23,8 +23,8 @@ from rollout.engine import Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
                               InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
-                              UpdateWeightsFromTensorRequest, split_batch)
-from rollout.request import Req, version_spans
+                              UpdateWeightsFromTensorRequest, split_batch, version_spans)
+from rollout.request import Req
 from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, decode_tensors
 
 log = logging.getLogger("rollout.server")

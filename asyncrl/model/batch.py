@@ -174,9 +174,9 @@ class ForwardBatch:
             renumber = torch.zeros(self.input_ids.numel(), dtype=torch.long, device=device)
             renumber[rows] = torch.arange(rows.numel(), device=device)
             slots = renumber[slots]
-        sub = ForwardBatch(self.input_ids[rows], ext, slots, self.context_lens[index], attention_impl=self.attention_impl,
-                           dense_context_ratio=self.dense_context_ratio, max_score_elements=self.max_score_elements,
-                           group_length_ratio=0)
+        sub = ForwardBatch(self.input_ids[rows], ext, slots, self.context_lens[index],
+                           attention_impl=self.attention_impl, dense_context_ratio=self.dense_context_ratio,
+                           max_score_elements=self.max_score_elements, group_length_ratio=0)
         return rows, sub
 
     # Constructors ---------------------------------------------------------------------------------

@@ -143,6 +143,17 @@ class WeightVersionSpan(BaseModel):
     end: int
 
 
+def version_spans(versions: list[Any]) -> list[dict[str, Any]]:
+    """Per-token weight versions -> `weight_versions` spans [{"version", "start", "end"}] (versions as strings)."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(map(str, versions)):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans
+
+
 class MetaInfo(BaseModel):
     id: str
     finish_reason: Optional[dict[str, Any]] = None

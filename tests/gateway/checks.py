@@ -41,8 +41,8 @@ async def assert_engine_replays(engine_url: str, segment: dict[str, Any], sampli
 
 NEAR_TIE_SHARE, NEAR_TIE_BOUND = 0.02, 0.2
 """DSA near ties (docs/model.md, "Near ties"): in contexts longer than index_topk, a few tokens' cached-decode
-log-probs differ from teacher forcing (0.4% of tokens at 2k context, at most 0.1 measured). A wrong record (misaligned, wrong weights, tokens
-dropped or repeated) misses on most tokens, by far more."""
+log-probs differ from teacher forcing (0.4% of tokens at 2k context, at most 0.1 measured). A wrong record
+(misaligned, wrong weights, tokens dropped or repeated) misses on most tokens, by far more."""
 
 
 def assert_teacher_forced(model, segment: dict[str, Any], tolerance: float = 1e-5) -> float:

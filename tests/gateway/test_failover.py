@@ -135,7 +135,8 @@ async def test_engine_abort_mid_turn_is_continued_with_its_tokens_kept(random_cl
         await asyncio.sleep(0.5)
         assert (await engine.post("/continue_generation", json={})).status_code == 200
     out = await turn
-    assert len(out["output_ids"]) == FAILOVER["max_new_tokens"] and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(out["output_ids"]) == FAILOVER["max_new_tokens"]
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
     [segment] = (await random_client.record(sid))["segments"]
     calls = segment["turns"]
     assert len(calls) >= 2 and calls[0]["finish_reason"] == "abort" and calls[-1]["finish_reason"] == "length"
