@@ -93,6 +93,12 @@ def journal(directory: Path, run: Optional[str] = None) -> list[dict]:
                   key=lambda e: e["at"])
 
 
+def running_at(directory: Path, pid: int) -> int:
+    """Episodes the service `pid` has started and not ended, by its journal. A kill test waits for this
+    as well as the orchestrator's in_flight, which counts dispatches the service may not have begun."""
+    return sum(1 if e["event"] == "start" else -1 for e in journal(directory) if e["pid"] == pid)
+
+
 def max_concurrency(entries: list[dict], pid: Optional[int] = None) -> int:
     """Most episodes running at once (at one service when `pid` is given), from start/end entries."""
     level, peak = 0, 0

@@ -6,7 +6,7 @@ import signal
 import time
 from collections import defaultdict
 
-from tests.orchestrator.conftest import TIMED_ENV, group_records, journal, start_envs, starts_by_episode
+from tests.orchestrator.conftest import TIMED_ENV, group_records, journal, running_at, start_envs, starts_by_episode
 
 
 def member_of(episode_id: str) -> tuple[str, str, int]:
@@ -35,7 +35,8 @@ async def test_env_killed_mid_episode_its_episodes_rerun_elsewhere(orchestrators
     args = ("--capacity", "8", "--option", "sleep_s=1.0", "--option", f"journal={tmp_path}",
             "--orchestrator", orch.url, "--log-level", "WARNING")
     victim, survivor = start_envs(tmp_path, 2, *args)
-    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12, what="both services busy")
+    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12 and running_at(tmp_path, victim.proc.pid),
+              what="both services busy, the victim running episodes")
     victim_pid = victim.proc.pid
     victim.proc.kill()  # SIGKILL: no drain, no deregistration
     victim.proc.wait()
@@ -63,7 +64,8 @@ async def test_frozen_service_misses_heartbeats_and_its_episodes_move(orchestrat
     args = ("--capacity", "8", "--option", "sleep_s=1.0", "--option", f"journal={tmp_path}",
             "--orchestrator", orch.url, "--log-level", "WARNING")
     frozen, other = start_envs(tmp_path, 2, *args)
-    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12, what="both services busy")
+    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12 and running_at(tmp_path, frozen.proc.pid),
+              what="both services busy, the frozen one running episodes")
     frozen.proc.send_signal(signal.SIGSTOP)  # alive, connections open, silent
     try:
         orch.wait(lambda s: any(not r["healthy"] for r in orch.envs()), timeout_s=30, what="missed heartbeats")

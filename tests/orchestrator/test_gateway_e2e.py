@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 
 from asyncrl.store import Store
-from tests.orchestrator.conftest import group_records, journal, start_envs, starts_by_episode
+from tests.orchestrator.conftest import group_records, journal, running_at, start_envs, starts_by_episode
 from tests.services import ServiceProcess
 
 pytest.importorskip("gateway.server", reason="the gateway component is not in this tree")
@@ -32,7 +32,10 @@ async def test_groups_through_the_gateway_survive_a_killed_env(gateway, orchestr
                          "--seed", "3")
     victim, survivor = start_envs(tmp_path, 2, "--capacity", "8", "--option", "sleep_s=1.5", "--option", "llm_turns=1",
                                   "--option", f"journal={tmp_path}", "--orchestrator", orch.url)
-    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12, timeout_s=120, what="both services busy")
+    # in_flight counts dispatches; wait until the victim has really begun episodes (its journal says so),
+    # or a kill right after dispatch leaves it nothing to lose
+    orch.wait(lambda s: len(orch.envs()) == 2 and s["in_flight"] >= 12 and running_at(tmp_path, victim.proc.pid),
+              timeout_s=120, what="both services busy, the victim running episodes")
     victim.proc.kill()
     victim.proc.wait()
     status = orch.wait_done(6, timeout_s=180)
