@@ -339,6 +339,8 @@ class RunConfig:
     trainer_resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     trainer_restarts: int = 3
     """How often a dead trainer process is restarted (it resumes from its last checkpoint)."""
+    trainer_restart_timeout_s: float = 300.0
+    """How long Ray may take to bring a dead trainer back before the run fails."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
 
 

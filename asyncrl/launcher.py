@@ -251,7 +251,9 @@ class Job:
                     restarts += 1
                     if restarts > self.cfg.trainer_restarts:
                         raise ComponentFailed("trainer", _first_line(err)) from err
-                    log.warning("trainer died (%s); resuming from its last checkpoint", _first_line(err))
+                    log.warning("trainer died (%s); waiting for Ray to restart it", _first_line(err))
+                    self._await_restarted_trainer()
+                    log.warning("trainer restarted; it resumes from its last checkpoint")
                     self.training = self.trainer.run.remote(self.cfg.total_steps)
                 except ray.exceptions.RayError as err:
                     raise ComponentFailed("trainer", _first_line(err)) from err
@@ -259,6 +261,25 @@ class Job:
             if time.monotonic() - last_report > 30:
                 last_report = time.monotonic()
                 self._report_progress()
+
+    def _await_restarted_trainer(self) -> None:
+        """Until Ray has brought the dead trainer actor back. Calls sent while it restarts fail at once
+        (ActorUnavailableError); resubmitting the run at once and counting each of those as a death would
+        spend the whole restart budget on one death when a restart is slow (a loaded machine)."""
+        import ray
+
+        timeout_s = self.cfg.trainer_restart_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(self.trainer.__ray_ready__.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as err:
+                if time.monotonic() >= deadline:
+                    raise ComponentFailed("trainer", f"not restarted within {timeout_s:g} s") from err
+                time.sleep(0.5)
+            except ray.exceptions.RayActorError as err:  # died for good (out of restarts)
+                raise ComponentFailed("trainer", f"not restarted: {_first_line(err)}") from err
 
     def _check_services(self) -> None:
         import ray

@@ -1,0 +1,66 @@
+"""The launcher's watch over the trainer actor (Job.wait) under real Ray: a trainer that dies and comes
+back slowly costs one restart, not the whole budget; one that does not come back in time fails the run,
+naming the trainer."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import ComponentsConfig, RunConfig
+from asyncrl.launcher import ComponentFailed, Job
+from tests.services import ROOT
+
+RESTART_DELAY_S = 4.0
+
+
+class SlowlyRestartingTrainer:
+    """Exits in its first run; its next incarnation takes RESTART_DELAY_S to start (a loaded machine)."""
+
+    def __init__(self, cfg, model, redis_url: str, run: str, run_dir: str, seed: int = 0) -> None:
+        self.died = Path(run_dir) / "died"
+        if self.died.exists():
+            time.sleep(RESTART_DELAY_S)
+
+    def run(self, total_steps: int) -> int:
+        if not self.died.exists():
+            self.died.write_text(str(os.getpid()))
+            os._exit(1)
+        return total_steps
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def job(local_ray, redis_server, run_name, tmp_path):
+    cfg = RunConfig(name=run_name, total_steps=1,
+                    components=ComponentsConfig(trainer=f"{__name__}.SlowlyRestartingTrainer"))
+    return lambda **overrides: Job(replace(cfg, **overrides), tmp_path, redis_server.url)
+
+
+def test_a_slow_trainer_restart_is_waited_for_and_counts_once(job, tmp_path):
+    run = job(trainer_restarts=1)
+    run._start_trainer("unused")
+    start = time.monotonic()
+    run.wait()  # returns once the restarted trainer's run() does
+    assert (tmp_path / "died").exists() and time.monotonic() - start >= RESTART_DELAY_S
+
+
+def test_a_trainer_that_does_not_come_back_in_time_fails_the_run(job):
+    run = job(trainer_restart_timeout_s=1.0)
+    run._start_trainer("unused")
+    with pytest.raises(ComponentFailed, match="not restarted within 1 s") as failure:
+        run.wait()
+    assert failure.value.component == "trainer"
