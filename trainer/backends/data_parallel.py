@@ -109,7 +109,10 @@ class DataParallel:
                 dist.broadcast(tensor.data, src=0)
 
     def close(self) -> None:
+        """Every rank calls this. The barrier keeps a rank from tearing down its connections while a
+        peer still reads from them (the leader's last broadcast): gloo then aborts the peer (SIGABRT)."""
         if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
 
