@@ -22,6 +22,20 @@ def run_name() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A fresh local Ray instance for one test module (never the cluster a stale /tmp/ray file names);
+    its workers import this checkout."""
+    import ray
+
+    from tests.services import ROOT
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_arch():
     from asyncrl.config import load_model_section

@@ -13,7 +13,6 @@ import pytest
 
 from asyncrl.config import ComponentsConfig, RunConfig
 from asyncrl.launcher import ComponentFailed, Job
-from tests.services import ROOT
 
 RESTART_DELAY_S = 4.0
 
@@ -31,16 +30,6 @@ class SlowlyRestartingTrainer:
             self.died.write_text(str(os.getpid()))
             os._exit(1)
         return total_steps
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

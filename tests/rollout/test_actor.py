@@ -13,18 +13,9 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.store import Store
 from rollout.actor import EngineGroup
 from rollout.backends import LaunchSpec, SGLangBackend, make_backend
-from tests.services import ROOT
 
 PROMPT = [1006, 1008, 1011, 50, 60, 70, 1012]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
 
 
 async def greedy(url: str):
