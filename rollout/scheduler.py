@@ -121,9 +121,12 @@ class Scheduler:
         self.generation += 1
 
     def loads(self) -> dict[str, int]:
+        """num_tokens (SGLang's load figure): KV slots in use plus the tokens still waiting for admission."""
         used = self.config.max_total_tokens - self.pool.available - self.cache.evictable_tokens
+        waiting_tokens = sum(req.all_len for req in list(self.waiting))  # list(): one atomic copy (HTTP thread)
         return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
-                "num_used_tokens": used, "max_total_num_tokens": self.config.max_total_tokens}
+                "num_used_tokens": used, "num_tokens": used + waiting_tokens,
+                "max_total_num_tokens": self.config.max_total_tokens}
 
     # Admission ---------------------------------------------------------------------------------
     def _admit(self) -> None:

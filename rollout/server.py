@@ -178,9 +178,15 @@ def build_app(engine: Engine) -> FastAPI:
         return {"weight_version": engine.weight_version}
 
     @app.get("/v1/loads")
-    @app.get("/get_load")
     async def loads() -> dict[str, Any]:
         return {"loads": [{"dp_rank": 0, **engine.scheduler.loads()}]}
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        """SGLang's per-DP-rank load list: what sglang-router polls for its load-aware policies."""
+        now = engine.scheduler.loads()
+        return [{"dp_rank": 0, "num_reqs": now["num_running_reqs"] + now["num_waiting_reqs"],
+                 "num_waiting_reqs": now["num_waiting_reqs"], "num_tokens": now["num_tokens"]}]
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """`ray job submit ... -- python -m asyncrl.train experiment=...` against a real local Ray head."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.services import ROOT
+from tests.services import ROOT, free_port
 
 BIN = Path(sys.executable).parent
 RAY = str(BIN / "ray")
@@ -18,12 +17,6 @@ RAY = str(BIN / "ray")
 # for a head when ~/.ray/auth_token exists (any local ray.init writes one), but its job CLI sends the
 # token only when told to: say so explicitly, on both sides (README, "Runs under Ray").
 ENV = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]), "RAY_AUTH_MODE": "token"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -245,6 +245,8 @@ class LoadEntry(BaseModel):
     num_running_reqs: int
     num_waiting_reqs: int
     num_used_tokens: int = 0
+    num_tokens: int = 0
+    """SGLang's load figure: KV tokens in use plus tokens waiting for admission."""
     max_total_num_tokens: int = 0
 
 
