@@ -7,6 +7,7 @@ within index_topk (dense attention, no indexer ranking) and one beyond it (the i
 Times are process CPU seconds per step (one torch thread), median of 5 runs of 30 steps. `ops` counts the
 kernels a step dispatches (TorchDispatchMode): at small B the step costs about ops x dispatch overhead,
 whatever the arithmetic, which is why the engine cannot reach 5x transformers there (docs/engine.md).
+The breakdown splits a step beyond index_topk into the model's parts (timers around their calls).
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ sys.path.insert(0, str(ROOT))
 from asyncrl.model.batch import ForwardBatch  # noqa: E402
 from asyncrl.model.kv_cache import KVCache  # noqa: E402
 from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
+from asyncrl.model.moe import MoE  # noqa: E402
 from bench.model_bench import tiny_config  # noqa: E402
 
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (60, 80)  # below and above index_topk = 64
+PARTS = {"indexer": "the indexer (keys, queries, scores, top-k)", "attention": "MLA without the indexer",
+         "experts": "router and routed experts", "mlp": "dense MLP and shared experts",
+         "rest": "embedding, norms, residuals, lm_head"}
 
 
 class OpCounter(TorchDispatchMode):
@@ -74,6 +79,48 @@ def measure(model: Glm5ForCausalLM, batch: int, context: int, steps: int = 30, r
     return {"batch": batch, "context": context, "step_ms": ms, "tokens_per_s": batch / ms * 1e3, "ops": counter.count}
 
 
+def breakdown(model: Glm5ForCausalLM, batch: int, context: int, steps: int = 30) -> dict:
+    """ms per step spent in each of PARTS, by timers wrapped around the instances' methods."""
+    spent: dict[str, float] = dict.fromkeys(["indexer", "mla", "moe", "dense", "shared"], 0.0)
+
+    def timed(key: str, fn):
+        def call(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.process_time() - start
+        return call
+
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.forward, attn._select = timed("mla", attn.forward), timed("indexer", attn._select)
+        if isinstance(mlp, MoE):
+            mlp.forward = timed("moe", mlp.forward)
+            if mlp.shared_experts is not None:
+                mlp.shared_experts.forward = timed("shared", mlp.shared_experts.forward)
+        else:
+            mlp.forward = timed("dense", mlp.forward)
+    try:
+        step, cache = decode_batch(model, batch, context)
+        for _ in range(3):
+            model.forward_batch(step, cache)
+        spent.update(dict.fromkeys(spent, 0.0))
+        start = time.process_time()
+        for _ in range(steps):
+            model.forward_batch(step, cache)
+        total = time.process_time() - start
+    finally:
+        for module in model.modules():  # drop the instance-level wrappers
+            for name in ("forward", "_select"):
+                module.__dict__.pop(name, None)
+    parts = {"indexer": spent["indexer"], "attention": spent["mla"] - spent["indexer"],
+             "experts": spent["moe"] - spent["shared"], "mlp": spent["dense"] + spent["shared"]}
+    parts["rest"] = total - sum(parts.values())
+    return {"batch": batch, "context": context, "step_ms": total / steps * 1e3,
+            "parts_ms": {k: v / steps * 1e3 for k, v in parts.items()}}
+
+
 def markdown(result: dict) -> str:
     lines = ["# Decode step of the tiny model", "", f"Command: `{result['command']}`  ",
              f"Machine: {result['machine']}, load average {result['load_avg_start'][0]:.1f} at start; one torch "
@@ -81,6 +128,11 @@ def markdown(result: dict) -> str:
              "| batch | context | ms / step | tokens/s | kernels dispatched |", "|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['context']} | {r['step_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['ops']} |"
               for r in result["steps"]]
+    lines += ["", "Where a step beyond index_topk goes (ms per step; the timers add a little):", "",
+              "| batch | context | step | " + " | ".join(PARTS) + " |", "|---|---|---|" + "---|" * len(PARTS)]
+    lines += [f"| {b['batch']} | {b['context']} | {b['step_ms']:.2f} | "
+              + " | ".join(f"{b['parts_ms'][k]:.2f}" for k in PARTS) + " |" for b in result["breakdown"]]
+    lines += [""] + [f"- {name}: {what}" for name, what in PARTS.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +149,8 @@ def main() -> None:
             for batch in BATCHES:
                 result["steps"].append(measure(model, batch, context))
                 print(result["steps"][-1], flush=True)
+        result["breakdown"] = [breakdown(model, batch, CONTEXTS[-1]) for batch in (32, 128)]
+        print(result["breakdown"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_step.json").write_text(json.dumps(result, indent=2))
     (args.out / "decode_step.md").write_text(markdown(result))
