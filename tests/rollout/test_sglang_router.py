@@ -116,8 +116,9 @@ def test_streaming_and_batches_pass_through_the_router(round_robin):
 
 def test_router_sees_engine_load(engines, round_robin):
     """/get_loads asks every engine's /get_load (SGLang's list shape): a long request shows, then drains."""
-    long = threading.Thread(target=round_robin.post, args=("/generate",), kwargs={"json": {
-        "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1200, "ignore_eos": True}}})
+    request = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1200, "ignore_eos": True}}
+    long = threading.Thread(target=httpx.post, args=(round_robin.base_url.join("/generate"),),  # own connection
+                            kwargs={"json": request, "timeout": 120})
     long.start()
     try:
         deadline, peak = time.monotonic() + 30, 0
