@@ -23,8 +23,9 @@ from rollout.engine import Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
                               InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
-                              UpdateWeightsFromTensorRequest, split_batch, version_spans)
+                              UpdateWeightsFromTensorRequest, split_batch)
 from rollout.request import Req
+from rollout.response import StreamView, response_body
 from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, decode_tensors
 
 log = logging.getLogger("rollout.server")
@@ -53,44 +54,6 @@ class EngineMetrics:
         self.generation_tokens.inc(len(req.output_ids))
         self.cached_tokens.inc(req.cached_tokens)
         self.e2e_latency.observe(time.monotonic() - req.created)
-
-
-def response_body(req: Req, engine: Engine, upto: Optional[int] = None) -> dict[str, Any]:
-    """SGLang's /generate response for the request's state (cumulative). `upto`: a streaming snapshot of
-    the first `upto` output tokens, built off the engine thread while it may append more; None: the
-    finished request."""
-    item, tok = req.item, engine.tokenizer
-    n = len(req.output_ids) if upto is None else upto
-    output_ids, versions = req.output_ids[:n], req.output_versions[:n]
-    finish = req.finish_reason if upto is None else None
-    text_ids = output_ids
-    if finish and finish["type"] == "stop" and req.matched_stop_text is None \
-            and not item.sampling.no_stop_trim and text_ids:
-        text_ids = text_ids[:-1]
-    text = tok.decode(text_ids, skip_special_tokens=item.sampling.skip_special_tokens)
-    if finish and req.matched_stop_text and not item.sampling.no_stop_trim:
-        text = text[:text.find(req.matched_stop_text)] if req.matched_stop_text in text else text
-    meta: dict[str, Any] = {
-        "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt),
-        "completion_tokens": n, "cached_tokens": req.cached_tokens,
-        "weight_version": versions[-1] if versions else engine.weight_version,
-        "weight_versions": version_spans(versions), "e2e_latency": time.monotonic() - req.created,
-    }
-    if item.return_logprob:
-        with_text = item.return_text_in_logprobs
-        meta["output_token_logprobs"] = _entries(zip(req.output_logprobs[:n], output_ids), tok, with_text)
-        start = max(item.logprob_start_len, 0)
-        prompt_part = list(zip(req.input_logprobs, req.prompt[start:])) if item.logprob_start_len >= 0 else []
-        meta["input_token_logprobs"] = _entries(prompt_part, tok, with_text)
-        if item.top_logprobs_num > 0:
-            meta["output_top_logprobs"] = [_entries(top, tok, with_text) for top in req.output_top_logprobs[:n]]
-            meta["input_top_logprobs"] = [None if top is None else _entries(top, tok, with_text)
-                                          for top in req.input_top_logprobs]
-    return {"output_ids": output_ids, "meta_info": meta, "text": text}
-
-
-def _entries(pairs, tok, with_text: bool) -> list[list[Any]]:
-    return [[lp, tid, tok.decode([tid]) if with_text else None] for lp, tid in pairs]
 
 
 def build_app(engine: Engine) -> FastAPI:
@@ -134,7 +97,7 @@ def build_app(engine: Engine) -> FastAPI:
                     return {}
                 _, finished = getter.result()
                 if finished:
-                    return response_body(req, engine)
+                    return response_body(req, engine.tokenizer, engine.weight_version)
         finally:
             disconnected.cancel()
 
@@ -295,12 +258,17 @@ async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> A
     that queued up while the client was being served are merged into the newest (the output is
     cumulative). If the client goes away, the generator is closed and its requests are aborted."""
     pending = {i: q for i, (_, q) in enumerate(started)}
+    views = [StreamView(req, engine.tokenizer) for req, _ in started]
 
     def event(i: int, update: tuple[int, bool]) -> bytes:
         while not update[1] and not pending[i].empty():
             update = pending[i].get_nowait()
         req, (count, finished) = started[i][0], update
-        body = response_body(req, engine, upto=None if finished else count)
+        if finished:
+            body = response_body(req, engine.tokenizer, engine.weight_version)
+        else:
+            views[i].advance(count)
+            body = response_body(req, engine.tokenizer, engine.weight_version, views[i])
         if len(started) > 1:
             body["index"] = i
         if finished:

@@ -143,10 +143,12 @@ class WeightVersionSpan(BaseModel):
     end: int
 
 
-def version_spans(versions: list[Any]) -> list[dict[str, Any]]:
-    """Per-token weight versions -> `weight_versions` spans [{"version", "start", "end"}] (versions as strings)."""
-    spans: list[dict[str, Any]] = []
-    for i, version in enumerate(map(str, versions)):
+def version_spans(versions: list[Any], spans: Optional[list[dict[str, Any]]] = None, offset: int = 0
+                  ) -> list[dict[str, Any]]:
+    """Per-token weight versions -> `weight_versions` spans [{"version", "start", "end"}] (versions as strings).
+    Given `spans` (of the tokens before `offset`), extends them in place with the tokens from `offset` on."""
+    spans = [] if spans is None else spans
+    for i, version in enumerate(map(str, versions), start=offset):
         if spans and spans[-1]["version"] == version:
             spans[-1]["end"] = i + 1
         else:
