@@ -53,6 +53,8 @@ class EngineArgs:
     """torch intra-op threads for the forward (the tiny model is fastest single-threaded)."""
     served_model_name: str = "asyncrl"
     disable_radix_cache: bool = False
+    stream_interval: int = 1
+    """SGLang's: a stream gets an event at its first token, then every stream_interval tokens, and at the end."""
 
 
 @dataclass

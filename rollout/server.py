@@ -77,11 +77,12 @@ def build_app(engine: Engine) -> FastAPI:
         loop, updates = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_update(req: Req) -> None:  # engine thread: only a note, the body is built by the loop
+            count = len(req.output_ids)
             if req.finished:
                 metrics.finished(req)
-            elif not req.item.stream:
-                return  # non-streaming clients only need the final state
-            loop.call_soon_threadsafe(updates.put_nowait, (len(req.output_ids), req.finished))
+            elif not req.item.stream or (count > 1 and count % engine.args.stream_interval):
+                return  # non-streaming clients only need the final state; streams get every interval-th
+            loop.call_soon_threadsafe(updates.put_nowait, (count, req.finished))
 
         return engine.submit(item, on_update), updates
 
@@ -308,8 +309,11 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--num-threads", type=int, default=1)
     p.add_argument("--served-model-name", default="asyncrl")
     p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--stream-interval", type=int, default=1, help="streamed tokens per SSE event (first token: at once)")
     p.add_argument("--url-file", help="write the bound URL here once serving")
     args = vars(p.parse_args(argv))
+    if args["stream_interval"] < 1:
+        p.error("--stream-interval must be >= 1")
     url_file = args.pop("url_file")
     return EngineArgs(**args), url_file
 

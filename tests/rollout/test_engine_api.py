@@ -7,8 +7,8 @@ import orjson
 import pytest
 import torch
 
-from asyncrl.engine_client import EngineError
-from tests.rollout.conftest import argmax_continuation, teacher_forced
+from asyncrl.engine_client import EngineClient, EngineError
+from tests.rollout.conftest import argmax_continuation, start_engine, teacher_forced
 
 PROMPT = [1006, 1008, 1011, 10, 72, 101, 108, 108, 111, 1012]
 
@@ -128,6 +128,22 @@ async def test_streaming_sends_cumulative_snapshots(client):
     lengths = [len(s.output_ids) for s in snapshots]
     assert lengths == sorted(lengths) and lengths[-1] == 6 and len(snapshots) >= 2
     assert snapshots[-1].meta_info.finish_reason["type"] == "length"
+
+
+async def test_stream_interval_sends_the_first_token_then_every_nth(tiny_checkpoint, tmp_path):
+    """SGLang's --stream-interval: fewer SSE events for the same tokens."""
+    proc = start_engine(tiny_checkpoint, tmp_path, "--stream-interval", "4")
+    try:
+        async with EngineClient(proc.url, timeout_s=60) as c:
+            params = {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True}
+            lengths = [len(s.output_ids) async for s in c.generate_stream(PROMPT, params)]
+            whole = await c.generate(PROMPT, params)
+            last = [s async for s in c.generate_stream(PROMPT, params)][-1]
+    finally:
+        assert proc.stop() == 0, proc.log()
+    # [1, 4, 8, 12, 13] unless a slow client had events merged (merging keeps the newest)
+    assert lengths[-1] == 13 and len(lengths) >= 2 and all(n == 1 or n % 4 == 0 for n in lengths[:-1])
+    assert last.output_ids == whole.output_ids and last.text == whole.text
 
 
 @pytest.mark.parametrize("body, field", [
