@@ -105,12 +105,17 @@ def build_app(engine: Engine) -> FastAPI:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
         body = await parse_json_body(request, GenerateRequest)
-        items = split_batch(body, new_rid)
+        items, samples = split_batch(body, new_rid), body.parallel_samples
+        if samples > 1:  # as SGLang: prefill each prompt once, so that its n samples start from its cached KV
+            prefixes = [run(item.model_copy(update={"rid": new_rid(), "sampling": SamplingParams(max_new_tokens=0),
+                                                    "stream": False, "return_logprob": False}))
+                        for item in items[::samples]]
+            await asyncio.gather(*(until_finished(req, q, request) for req, q in prefixes))
         started = [run(item) for item in items]
         if body.stream:
             return StreamingResponse(_stream(started, engine), media_type="text/event-stream")
         results = await asyncio.gather(*(until_finished(req, q, request) for req, q in started))
-        return JSONResponse(results if body.is_batch else results[0])
+        return JSONResponse(results if body.returns_list else results[0])
 
     @app.get("/health")
     async def health() -> Response:

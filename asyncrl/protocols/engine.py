@@ -34,6 +34,8 @@ class SamplingParams(_Lenient):
     no_stop_trim: bool = False
     sampling_seed: Optional[int] = None
     """Seeds this request's own generator: its samples do not depend on what else is batched."""
+    n: int = Field(1, ge=1)
+    """Parallel samples of the prompt (SGLang's n): the request fans out into n copies (split_batch)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -77,6 +79,20 @@ class GenerateRequest(_Lenient):
             return bool(self.input_ids) and isinstance(self.input_ids[0], list)
         return isinstance(self.text, list)
 
+    @property
+    def parallel_samples(self) -> int:
+        """SGLang's n: one value for the whole request (a batch's sampling_params must agree on it)."""
+        params = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
+        counts = {p.n if p is not None else 1 for p in params} or {1}
+        if len(counts) > 1:
+            raise ValueError(f"sampling_params: every prompt of a batch needs the same n (got {sorted(counts)})")
+        return counts.pop()
+
+    @property
+    def returns_list(self) -> bool:
+        """A batch, or n > 1, answers with a list (prompt-major: prompt 0's n samples first)."""
+        return self.is_batch or self.parallel_samples > 1
+
 
 class GenerateItem(BaseModel):
     """One request after batch splitting: what the scheduler runs."""
@@ -93,7 +109,9 @@ class GenerateItem(BaseModel):
 
 
 def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
-    """GenerateRequest -> one GenerateItem per prompt; per-prompt fields may be lists or scalars."""
+    """GenerateRequest -> one GenerateItem per prompt and sample (prompt-major); per-prompt fields may be
+    lists or scalars. With n > 1, sample j of a prompt gets rid `{rid}-{j}` and, when the prompt has a
+    sampling_seed, seed + j: reproducible and distinct (SGLang repeats the seed, so its n copies agree)."""
     prompts = req.input_ids if req.input_ids is not None else req.text
     if not req.is_batch:
         prompts = [prompts]
@@ -115,7 +133,7 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
     else:
         rids = [req.rid]
     sampling = pick(req.sampling_params, "sampling_params", SamplingParams())
-    return [
+    items = [
         GenerateItem(
             rid=rids[i],
             input_ids=prompts[i] if req.input_ids is not None else None,
@@ -129,6 +147,12 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
         )
         for i in range(n)
     ]
+    samples = req.parallel_samples
+    if samples == 1:
+        return items
+    return [item.model_copy(update={"rid": f"{item.rid}-{j}", "sampling": item.sampling.model_copy(update={
+                "n": 1, "sampling_seed": None if item.sampling.sampling_seed is None else item.sampling.sampling_seed + j})})
+            for item in items for j in range(samples)]
 
 
 # Responses -------------------------------------------------------------------------------------

@@ -86,6 +86,32 @@ async def test_stop_string_trims_text(engine):
     assert stop not in out["text"] and text.startswith(out["text"])
 
 
+async def test_parallel_samples_fan_out_from_one_cached_prefill(engine, client):
+    """SGLang's n: a list of n samples per prompt (prompt-major), each prefilled from the prompt's cached KV;
+    with a sampling_seed, sample j is the request seeded seed + j."""
+    history = [1006, 1008, *range(200, 260)]
+    params = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 7}
+    four = await client.generate_samples(history, params, 4, rid="grpo")
+    assert [o.meta_info.id for o in four] == ["grpo-0", "grpo-1", "grpo-2", "grpo-3"]
+    assert all(o.meta_info.cached_tokens >= len(history) - 1 for o in four)
+    for j, sample in enumerate(four):
+        alone = await client.generate(history, {**params, "sampling_seed": 7 + j})
+        assert sample.output_ids == alone.output_ids and sample.meta_info.output_token_logprobs is not None
+    assert len({tuple(o.output_ids) for o in four}) > 1
+    batch = (await post(engine.url, "/generate", {"input_ids": [PROMPT, history], "sampling_params": {**params, "n": 2}})).json()
+    assert [b["output_ids"] for b in batch[2:]] == [four[0].output_ids, four[1].output_ids]  # prompt-major
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream("POST", engine.url + "/generate", json={
+                "input_ids": PROMPT, "sampling_params": {**params, "n": 2}, "stream": True}) as response:
+            events = [orjson.loads(line[6:]) async for line in response.aiter_lines()
+                      if line.startswith("data: {")]
+    finals = {e["index"]: e["output_ids"] for e in events if e["meta_info"]["finish_reason"]}
+    assert finals == {0: batch[0]["output_ids"], 1: batch[1]["output_ids"]}  # streamed: each sample by index
+    mixed = await post(engine.url, "/generate", {"input_ids": [PROMPT, PROMPT], "sampling_params": [{"n": 2}, {"n": 3}]})
+    assert mixed.status_code == 400 and "same n" in mixed.json()["error"]
+    assert (await post(engine.url, "/generate", {"input_ids": PROMPT, "sampling_params": {"n": 0}})).status_code == 400
+
+
 async def test_sampling_seed_reproduces_under_concurrent_load(client):
     params = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "sampling_seed": 1234, "ignore_eos": True}
     alone = await client.generate(PROMPT, params)
