@@ -1,24 +1,52 @@
 """Wire types of the engine HTTP API (shared/protocols/engine.md = SGLang's native API).
 
 Names follow SGLang's io_struct (`GenerateReqInput` -> `GenerateRequest`, ...). Unknown keys are
-ignored (SGLang clients send many optional fields); a value of the wrong type or range is a 400 with
-a message naming the field. A batch request (`input_ids` as a list of lists, or `text` as a list) is
+ignored (SGLang clients send many optional fields), except SGLang options this engine does not implement
+and whose absence would change the answer (penalties, constrained decoding, LoRA, multimodal or embedding
+inputs, ...): set to anything but their neutral value they are a 400 naming the field, as is a value of
+the wrong type or range. A batch request (`input_ids` as a list of lists, or `text` as a list) is
 split once, here, into single `GenerateItem`s; nothing downstream handles the single-or-batch union.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Lenient(BaseModel):
+    """Unknown fields are ignored (clients send SGLang options this engine has no use for), except the
+    `UNSUPPORTED` ones set to a non-neutral value: ignoring those would silently change the answer."""
+
     model_config = ConfigDict(extra="ignore")
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
+    """field -> is this value neutral (what the field's absence means)"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, neutral in cls.UNSUPPORTED.items():
+                if data.get(name) is not None and not neutral(data[name]):
+                    raise ValueError(f"{name}: not supported by this engine (got {data[name]!r})")
+        return data
+
+
+def _is(value: Any) -> Callable[[Any], bool]:
+    return lambda v: v == value
+
+
+def _empty(v: Any) -> bool:
+    return not v
 
 
 class SamplingParams(_Lenient):
     """SGLang sampling parameters; null means the default."""
+
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        "frequency_penalty": _is(0), "presence_penalty": _is(0), "repetition_penalty": _is(1), "json_schema": _empty,
+        "regex": _empty, "ebnf": _empty, "structural_tag": _empty, "logit_bias": _empty, "custom_params": _empty}
 
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -56,6 +84,11 @@ class SamplingParams(_Lenient):
 
 class GenerateRequest(_Lenient):
     """POST /generate body (single or batch)."""
+
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        "input_embeds": _empty, "image_data": _empty, "video_data": _empty, "audio_data": _empty, "lora_path": _empty,
+        "return_hidden_states": _empty, "return_routed_experts": _empty, "token_ids_logprob": _empty,
+        "custom_logit_processor": _empty}
 
     rid: Optional[Union[str, list[str]]] = None
     text: Optional[Union[str, list[str]]] = None

@@ -156,6 +156,12 @@ async def test_streaming_sends_cumulative_snapshots(client):
     assert snapshots[-1].meta_info.finish_reason["type"] == "length"
 
 
+async def test_neutral_values_of_unsupported_sglang_options_are_accepted(engine):
+    body = {"input_ids": PROMPT, "lora_path": None, "return_hidden_states": False, "sampling_params": {
+        "max_new_tokens": 2, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0, "regex": None}}
+    assert (await post(engine.url, "/generate", body)).status_code == 200
+
+
 async def test_stream_interval_sends_the_first_token_then_every_nth(tiny_checkpoint, tmp_path):
     """SGLang's --stream-interval: fewer SSE events for the same tokens."""
     proc = start_engine(tiny_checkpoint, tmp_path, "--stream-interval", "4")
@@ -183,6 +189,9 @@ async def test_stream_interval_sends_the_first_token_then_every_nth(tiny_checkpo
     (b'{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 5}', "logprob_start_len"),
     (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 100000}}', "context length"),
     (b'{"input_ids": [[1], [2]], "rid": "same"}', "'rid' must be a list"),
+    (b'{"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}', "repetition_penalty: not supported"),
+    (b'{"input_ids": [1], "sampling_params": {"json_schema": "{}"}}', "json_schema: not supported"),
+    (b'{"input_ids": [1], "lora_path": "adapter"}', "lora_path: not supported"),
 ])
 async def test_malformed_generate_is_a_400_naming_the_problem(engine, body, field):
     async with httpx.AsyncClient(timeout=30) as http:
