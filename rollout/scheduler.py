@@ -97,9 +97,12 @@ class Scheduler:
         self._run(extends)
         return True
 
-    def abort(self, rid: Optional[str], message: str = "aborted by request") -> int:
-        """Abort one request (or all when rid is None); returns how many were aborted."""
-        hits = [r for r in [*self.running, *self.waiting] if rid is None or r.rid == rid]
+    def abort(self, rid: Optional[str], message: str = "aborted by request", prefix: bool = False) -> int:
+        """Abort one request (all when rid is None; with `prefix`, every rid starting with it, as SGLang's
+        scheduler matches, so a parent rid covers the `{rid}-{j}` samples of an n > 1 request);
+        returns how many were aborted."""
+        hits = [r for r in [*self.running, *self.waiting]
+                if rid is None or r.rid == rid or (prefix and r.rid.startswith(rid))]
         for req in hits:
             req.abort(message)
             if req in self.running:

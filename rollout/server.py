@@ -179,7 +179,7 @@ def build_app(engine: Engine) -> FastAPI:
         if not body.abort_all and not body.rid:
             return error_response(400, "give 'rid' or set 'abort_all'")
         rid = None if body.abort_all else body.rid
-        count = await asyncio.wrap_future(engine.call(lambda: engine.scheduler.abort(rid)))
+        count = await asyncio.wrap_future(engine.call(lambda: engine.scheduler.abort(rid, prefix=True)))
         return {"success": True, "num_aborted": count}
 
     @app.post("/pause_generation")

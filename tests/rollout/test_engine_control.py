@@ -60,6 +60,17 @@ async def test_abort_by_rid_and_abort_all(client):
     assert [(await t).meta_info.finish_reason["type"] for t in others] == ["abort", "abort"]
 
 
+async def test_abort_by_parent_rid_covers_the_samples_of_an_n_request(client):
+    group = asyncio.create_task(client.generate_samples(PROMPT, LONG, 3, rid="group"))
+    bystander = asyncio.create_task(client.generate(PROMPT, LONG, rid="grou"))
+    await until(lambda: busy(client, 4))
+    await client.abort("group")  # SGLang's scheduler matching: every rid that starts with it
+    assert [s.meta_info.finish_reason["type"] for s in await group] == ["abort"] * 3
+    assert await running(client) == 1 and not bystander.done()  # "grou" does not start with "group"
+    await client.abort("grou")
+    assert (await bystander).meta_info.finish_reason["type"] == "abort"
+
+
 async def test_pause_abort_then_new_work_waits_for_continue(client):
     inflight = asyncio.create_task(client.generate(PROMPT, LONG))
     await until(lambda: busy(client))
