@@ -68,6 +68,8 @@ class RolloutConfig:
     health_check_timeout_s: float = 30.0
     sglang_args: list[str] = field(default_factory=list)
     """Extra command-line flags passed to `python -m sglang.launch_server` (GPU backend)."""
+    cpu_args: list[str] = field(default_factory=list)
+    """Extra command-line flags passed to `asyncrl engine serve` (CPU backend), e.g. [--stream-interval, 4]."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 

@@ -64,7 +64,7 @@ class CpuBackend(EngineBackend):
                 "--num-threads", str(max(1, int(cfg.num_cpus_per_engine))), "--random-seed", str(spec.seed)]
         if spec.tokenizer_path:
             argv += ["--tokenizer", spec.tokenizer_path]
-        return argv
+        return argv + list(cfg.cpu_args)
 
 
 class SGLangBackend(EngineBackend):

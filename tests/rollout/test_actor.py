@@ -13,6 +13,7 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.store import Store
 from rollout.actor import EngineGroup
 from rollout.backends import LaunchSpec, SGLangBackend, make_backend
+from rollout.server import parse_args
 
 PROMPT = [1006, 1008, 1011, 50, 60, 70, 1012]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -89,6 +90,14 @@ async def _engines(redis_url, run):
         return await store.engines()
     finally:
         await store.close()
+
+
+def test_cpu_backend_passes_extra_flags_the_server_understands(tmp_path):
+    backend = make_backend(RolloutConfig(cpu_args=["--stream-interval", "4", "--disable-radix-cache"]))
+    argv = backend.command(LaunchSpec("/ckpt", "127.0.0.1", 0, "3", tmp_path / "log"))
+    assert argv[1:3] == ["-m", "rollout.server"]
+    args, _ = parse_args(argv[3:])
+    assert (args.stream_interval, args.disable_radix_cache, args.weight_version) == (4, True, "3")
 
 
 def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
