@@ -155,18 +155,18 @@ class EngineClient:
                        timeout_s: Optional[float] = None) -> GenerateResponse:
         if sampling_params.get("n", 1) != 1:
             raise ValueError("generate() returns one sample: use generate_samples() for n > 1")
-        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
-                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
-        if rid is not None:
-            body["rid"] = rid
-        return GenerateResponse.model_validate(await self._json("POST", "/generate", body, timeout_s=timeout_s))
+        [out] = await self.generate_samples(input_ids, sampling_params, 1, rid=rid, return_logprob=return_logprob,
+                                            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                                            timeout_s=timeout_s)
+        return out
 
     async def generate_samples(self, input_ids: list[int], sampling_params: dict[str, Any], n: int, *,
-                               rid: Optional[str] = None, return_logprob: bool = True,
-                               timeout_s: Optional[float] = None) -> list[GenerateResponse]:
+                               rid: Optional[str] = None, return_logprob: bool = True, logprob_start_len: int = -1,
+                               top_logprobs_num: int = 0, timeout_s: Optional[float] = None) -> list[GenerateResponse]:
         """n samples of one prompt in one call (SGLang's n: the prompt is prefilled once)."""
-        body = {"input_ids": input_ids, "sampling_params": {**sampling_params, "n": n}, "return_logprob": return_logprob,
-                **({"rid": rid} if rid is not None else {})}
+        body = {"input_ids": input_ids, "sampling_params": {**sampling_params, "n": n},
+                "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                "top_logprobs_num": top_logprobs_num, **({"rid": rid} if rid is not None else {})}
         out = await self._json("POST", "/generate", body, timeout_s=timeout_s)
         return [GenerateResponse.model_validate(o) for o in (out if isinstance(out, list) else [out])]
 

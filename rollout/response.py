@@ -38,7 +38,12 @@ class StreamView:
         self._input: tuple[int, list, list] = (-1, [], [])  # (len(req.input_logprobs), entries, top entries)
 
     def advance(self, count: int) -> None:
-        """Fold output tokens [self.count, count) in: O(new tokens)."""
+        """Fold output tokens [self.count, count) in, text included: O(new tokens)."""
+        self.fold(count)
+        self._advance_text(self.req.output_ids[:count])
+
+    def fold(self, count: int) -> None:
+        """Extend the spans and log-prob entries to the first `count` output tokens (not the text)."""
         req, item, start = self.req, self.req.item, self.count
         version_spans(req.output_versions[start:count], self.spans, offset=start)
         if item.return_logprob:
@@ -49,7 +54,6 @@ class StreamView:
                 self.top_logprobs += [entries(top, self.tokenizer, with_text)
                                       for top in req.output_top_logprobs[start:count]]
         self.count = count
-        self._advance_text(req.output_ids[:count])
 
     def _advance_text(self, ids: list[int]) -> None:
         """Incremental detokenization (as SGLang's and vLLM's): decode the unsettled tokens with one settled
@@ -77,14 +81,13 @@ def response_body(req: Req, tokenizer: Tokenizer, current_version: str, view: Op
                   ) -> dict[str, Any]:
     """The /generate response: of the finished request, or (view) a snapshot of its first view.count tokens."""
     item = req.item
-    with_text = item.return_text_in_logprobs
-    if view is None:
-        n = len(req.output_ids)
-        output_ids, finish, text = req.output_ids[:n], req.finish_reason, final_text(req, tokenizer)
-        spans = version_spans(req.output_versions[:n])
+    if view is None:  # the finished request: every token folded at once, the exact (stop-trimmed) text
+        view = StreamView(req, tokenizer)
+        view.fold(len(req.output_ids))
+        finish, text = req.finish_reason, final_text(req, tokenizer)
     else:
-        n = view.count
-        output_ids, finish, text, spans = req.output_ids[:n], None, view.text, view.spans
+        finish, text = None, view.text
+    n, spans = view.count, view.spans
     meta: dict[str, Any] = {
         "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt),
         "completion_tokens": n, "cached_tokens": req.cached_tokens,
@@ -92,18 +95,11 @@ def response_body(req: Req, tokenizer: Tokenizer, current_version: str, view: Op
         "weight_versions": spans, "e2e_latency": time.monotonic() - req.created,
     }
     if item.return_logprob:
-        if view is None:
-            meta["output_token_logprobs"] = entries(zip(req.output_logprobs[:n], output_ids), tokenizer, with_text)
-            input_part, input_top = _input_entries(req, tokenizer)
-        else:
-            meta["output_token_logprobs"] = view.logprobs
-            input_part, input_top = view.input_logprobs()
-        meta["input_token_logprobs"] = input_part
+        input_part, input_top = view.input_logprobs()
+        meta["output_token_logprobs"], meta["input_token_logprobs"] = view.logprobs, input_part
         if item.top_logprobs_num > 0:
-            meta["output_top_logprobs"] = (view.top_logprobs if view is not None else
-                                           [entries(top, tokenizer, with_text) for top in req.output_top_logprobs[:n]])
-            meta["input_top_logprobs"] = input_top
-    return {"output_ids": output_ids, "meta_info": meta, "text": text}
+            meta["output_top_logprobs"], meta["input_top_logprobs"] = view.top_logprobs, input_top
+    return {"output_ids": req.output_ids[:n], "meta_info": meta, "text": text}
 
 
 def final_text(req: Req, tokenizer: Tokenizer) -> str:

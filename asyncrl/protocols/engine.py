@@ -181,11 +181,15 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
         for i in range(n)
     ]
     samples = req.parallel_samples
-    if samples == 1:
-        return items
-    return [item.model_copy(update={"rid": f"{item.rid}-{j}", "sampling": item.sampling.model_copy(update={
-                "n": 1, "sampling_seed": None if item.sampling.sampling_seed is None else item.sampling.sampling_seed + j})})
-            for item in items for j in range(samples)]
+    return items if samples == 1 else [sample for item in items for sample in _samples(item, samples)]
+
+
+def _samples(item: GenerateItem, n: int) -> list[GenerateItem]:
+    """The n single-sample items of an n > 1 prompt: rid `{rid}-{j}`, seed + j when seeded."""
+    seed = item.sampling.sampling_seed
+    return [item.model_copy(update={"rid": f"{item.rid}-{j}", "sampling": item.sampling.model_copy(
+                update={"n": 1, "sampling_seed": None if seed is None else seed + j})})
+            for j in range(n)]
 
 
 # Responses -------------------------------------------------------------------------------------
