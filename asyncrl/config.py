@@ -64,6 +64,9 @@ class RolloutConfig:
     """KV-cache budget in tokens; beyond it the scheduler retracts requests instead of failing."""
     chunked_prefill_size: int = 512
     """Prompt tokens prefilled per scheduler step (long prompts are split)."""
+    incremental_streaming_output: bool = True
+    """Engines stream only what is new in each event (SGLang's --incremental-streaming-output), so a long
+    streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""
     health_check_interval_s: float = 10.0
     health_check_timeout_s: float = 30.0
     sglang_args: list[str] = field(default_factory=list)

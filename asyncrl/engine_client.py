@@ -17,7 +17,7 @@ import httpx
 import orjson
 import torch
 
-from asyncrl.protocols.engine import GenerateResponse, LoadsResponse, WeightsUpdateResponse
+from asyncrl.protocols.engine import GenerateResponse, LoadsResponse, StreamAccumulator, WeightsUpdateResponse
 from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, encode_named_tensors
 
 log = logging.getLogger("asyncrl.engine_client")
@@ -172,7 +172,8 @@ class EngineClient:
 
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                               rid: Optional[str] = None, return_logprob: bool = True) -> AsyncIterator[GenerateResponse]:
-        """Cumulative snapshots until the request finishes."""
+        """Cumulative snapshots until the request finishes, whichever streaming mode the engine runs
+        (SGLang's default cumulative events, or --incremental-streaming-output deltas)."""
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
                 "stream": True, **({"rid": rid} if rid else {})}
         async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
@@ -180,9 +181,10 @@ class EngineClient:
             if response.status_code >= 400:
                 await response.aread()
                 raise EngineError(self.base_url, response.status_code, _error_message(response))
+            snapshots = StreamAccumulator()
             async for line in response.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    yield GenerateResponse.model_validate(orjson.loads(line[6:]))
+                    yield snapshots.add(orjson.loads(line[6:]))
 
     # Health and info ---------------------------------------------------------------------------
     async def health(self, timeout_s: float = 5.0) -> bool:

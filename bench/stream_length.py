@@ -3,9 +3,10 @@ long output than early? (It did, while every snapshot was rebuilt from scratch: 
 
     python bench/stream_length.py            # writes bench/results/stream_length.{json,md}
 
-One engine process (tiny model, one torch thread); 8 concurrent requests of N sampled tokens, first
-without streaming, then streamed with log-probs (as the gateway streams), through the engine's own client
-on the same 2 cores. Median of 3 rounds each.
+One engine process per streaming mode (SGLang's default cumulative events, then
+--incremental-streaming-output); 8 concurrent requests of N sampled tokens with log-probs, first without
+streaming, then streamed (as the gateway streams), through the engine's own client on the same 2 cores.
+Tiny model, one torch thread; median of 3 rounds each.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.services import ServiceProcess  # noqa: E402
 LENGTHS = (256, 2048)
 CONCURRENCY = 8
 PROMPT = [1006, 1008, 5, 6, 7]
+MODES = {"cumulative": [], "incremental": ["--incremental-streaming-output"]}
 
 
 async def rounds(url: str, length: int, stream: bool, repeats: int = 3) -> float:
@@ -66,24 +68,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         save_pretrained(Glm5ForCausalLM.from_config(load_model_section("tiny").arch, seed=0), work / "ckpt")
-        engine = ServiceProcess("rollout.server", ["--model", str(work / "ckpt")], work, name="engine")
-        try:
-            asyncio.run(rounds(engine.url, 16, stream=True, repeats=1))  # warm-up
-            for length in LENGTHS:
-                plain = asyncio.run(rounds(engine.url, length, stream=False))
-                streamed = asyncio.run(rounds(engine.url, length, stream=True))
-                result["rows"].append({"length": length, "plain_tok_s": plain, "streamed_tok_s": streamed,
-                                       "ratio": streamed / plain})
-                print(result["rows"][-1], flush=True)
-        finally:
-            engine.stop()
+        for mode, flags in MODES.items():
+            engine = ServiceProcess("rollout.server", ["--model", str(work / "ckpt"), *flags], work, name=f"engine-{mode}")
+            try:
+                asyncio.run(rounds(engine.url, 16, stream=True, repeats=1))  # warm-up
+                for length in LENGTHS:
+                    plain = asyncio.run(rounds(engine.url, length, stream=False))
+                    streamed = asyncio.run(rounds(engine.url, length, stream=True))
+                    result["rows"].append({"mode": mode, "length": length, "plain_tok_s": plain,
+                                           "streamed_tok_s": streamed, "ratio": streamed / plain})
+                    print(result["rows"][-1], flush=True)
+            finally:
+                engine.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_length.json").write_text(json.dumps(result, indent=2))
     lines = ["# Streaming by output length", "", f"Command: `{result['command']}`  ",
              f"Machine: {result['machine']}, load average {result['load_avg_start'][0]:.1f} at start; "
              f"{CONCURRENCY} concurrent requests, tiny model, log-probs on, median of 3 rounds.", "",
-             "| output tokens | not streamed tok/s | streamed tok/s | streamed / not |", "|---|---|---|---|"]
-    lines += [f"| {r['length']} | {r['plain_tok_s']:.0f} | {r['streamed_tok_s']:.0f} | {r['ratio']:.2f} |"
+             "| stream events | output tokens | not streamed tok/s | streamed tok/s | streamed / not |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['length']} | {r['plain_tok_s']:.0f} | {r['streamed_tok_s']:.0f} | {r['ratio']:.2f} |"
               for r in result["rows"]]
     (args.out / "stream_length.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -37,6 +37,10 @@ class EngineBackend(ABC):
     def __init__(self, cfg: RolloutConfig) -> None:
         self.cfg = cfg
 
+    def common_flags(self) -> list[str]:
+        """Flags both servers spell the same way (the CPU engine mirrors SGLang's)."""
+        return ["--incremental-streaming-output"] if self.cfg.incremental_streaming_output else []
+
     @abstractmethod
     def command(self, spec: LaunchSpec) -> list[str]:
         """argv of the server process."""
@@ -64,7 +68,7 @@ class CpuBackend(EngineBackend):
                 "--num-threads", str(max(1, int(cfg.num_cpus_per_engine))), "--random-seed", str(spec.seed)]
         if spec.tokenizer_path:
             argv += ["--tokenizer", spec.tokenizer_path]
-        return argv + list(cfg.cpu_args)
+        return argv + self.common_flags() + list(cfg.cpu_args)
 
 
 class SGLangBackend(EngineBackend):
@@ -91,7 +95,7 @@ class SGLangBackend(EngineBackend):
                 "--max-running-requests", str(cfg.max_running_requests),
                 "--chunked-prefill-size", str(cfg.chunked_prefill_size),
                 "--max-total-tokens", str(cfg.max_total_tokens), "--random-seed", str(spec.seed),
-                "--trust-remote-code", *cfg.sglang_args]
+                "--trust-remote-code", *self.common_flags(), *cfg.sglang_args]
 
     def environment(self) -> dict[str, str]:
         return {"SGLANG_DSA_FUSE_TOPK": "0"}  # the torch top-k path needs the unfused kernel

@@ -55,6 +55,8 @@ class EngineArgs:
     disable_radix_cache: bool = False
     stream_interval: int = 1
     """SGLang's: a stream gets an event at its first token, then every stream_interval tokens, and at the end."""
+    incremental_streaming_output: bool = False
+    """SGLang's: stream events carry only what is new since the request's previous event (default: all so far)."""
 
 
 @dataclass

@@ -4,7 +4,8 @@ A stream sends cumulative snapshots (engine.md). Rebuilt from scratch, every sna
 whole text, re-scans every token's weight version and rebuilds every log-prob entry: quadratic in the
 output length (a 2,048-token stream ran at 0.57x the rate of the same request unstreamed). `StreamView`
 extends those pieces by the new tokens only. The final body is always built from scratch: exact text,
-stop-string trimming, finish reason.
+stop-string trimming, finish reason. With SGLang's --incremental-streaming-output, `StreamView.delta`
+cuts each body down to what the stream has not sent yet, so an event's size no longer grows either.
 
 Both run on the HTTP event loop while the engine thread may append tokens. They read the first `n`
 entries of Req's output lists, which only grow, so a snapshot never sees a half-written token.
@@ -36,6 +37,7 @@ class StreamView:
         self.logprobs: list[list[Any]] = []
         self.top_logprobs: list[list[list[Any]]] = []
         self._input: tuple[int, list, list] = (-1, [], [])  # (len(req.input_logprobs), entries, top entries)
+        self._sent: tuple[int, str] = (0, "")  # (output tokens, text) earlier delta events carried
 
     def advance(self, count: int) -> None:
         """Fold output tokens [self.count, count) in, text included: O(new tokens)."""
@@ -68,6 +70,25 @@ class StreamView:
         self._settled += window[len(known):]
         self._text_window = (read, len(ids))
         self.text = self._settled
+
+    def delta(self, body: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's incremental event: `body` (a snapshot or the final body) less what earlier deltas sent.
+
+        output_ids, text, output log-prob entries and weight-version spans (absolute positions) cover the
+        new tokens only; the rest of meta_info is as in a cumulative event (completion_tokens counts all
+        tokens so far, as SGLang's does). Text the final body trims away (a stop string streamed before
+        it was complete) cannot be taken back: its delta is then empty."""
+        tokens, text = self._sent
+        meta = dict(body["meta_info"])
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            if key in meta:
+                meta[key] = meta[key][tokens:]
+        meta["weight_versions"] = [{**span, "start": max(span["start"], tokens)}
+                                   for span in meta["weight_versions"] if span["end"] > tokens]
+        full_text = body["text"]
+        self._sent = (len(body["output_ids"]), full_text)
+        new_text = full_text[len(text):] if full_text.startswith(text) else ""
+        return {"output_ids": body["output_ids"][tokens:], "meta_info": meta, "text": new_text}
 
     def input_logprobs(self) -> tuple[list, list]:
         """Prompt entries, rebuilt only when the engine recorded more of them."""

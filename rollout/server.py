@@ -260,9 +260,10 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> AsyncIterator[bytes]:
-    """SSE: one event per update of any request in the batch (cumulative output), then [DONE]. Updates
-    that queued up while the client was being served are merged into the newest (the output is
-    cumulative). If the client goes away, the generator is closed and its requests are aborted."""
+    """SSE: one event per update of any request in the batch, then [DONE]: cumulative output, or with
+    --incremental-streaming-output only what is new since the request's last event. Updates that queued
+    up while the client was being served are merged into one event. If the client goes away, the
+    generator is closed and its requests are aborted."""
     pending = {i: q for i, (_, q) in enumerate(started)}
     views = [StreamView(req, engine.tokenizer) for req, _ in started]
 
@@ -275,6 +276,8 @@ async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> A
         else:
             views[i].advance(count)
             body = response_body(req, engine.tokenizer, engine.weight_version, views[i])
+        if engine.args.incremental_streaming_output:
+            body = views[i].delta(body)
         if len(started) > 1:
             body["index"] = i
         if finished:
@@ -315,6 +318,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--served-model-name", default="asyncrl")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--stream-interval", type=int, default=1, help="streamed tokens per SSE event (first token: at once)")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="stream events carry only the new tokens, text and log-probs (SGLang's flag)")
     p.add_argument("--url-file", help="write the bound URL here once serving")
     args = vars(p.parse_args(argv))
     if args["stream_interval"] < 1:

@@ -40,7 +40,10 @@ def random_engine(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def scripted_engine(scripted_checkpoint, tmp_path_factory):
-    proc = start_engine(scripted_checkpoint, tmp_path_factory.mktemp("engine-scripted"), name="engine-scripted")
+    """Streams incrementally (SGLang's --incremental-streaming-output), as the run config's engines do; the
+    random engine streams cumulatively (SGLang's default): the gateway is exercised against both."""
+    proc = start_engine(scripted_checkpoint, tmp_path_factory.mktemp("engine-scripted"),
+                        "--incremental-streaming-output", name="engine-scripted")
     yield proc
     assert proc.stop() == 0, proc.log()
 

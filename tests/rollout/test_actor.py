@@ -98,6 +98,10 @@ def test_cpu_backend_passes_extra_flags_the_server_understands(tmp_path):
     assert argv[1:3] == ["-m", "rollout.server"]
     args, _ = parse_args(argv[3:])
     assert (args.stream_interval, args.disable_radix_cache, args.weight_version) == (4, True, "3")
+    assert args.incremental_streaming_output  # the run config's default
+    plain = make_backend(RolloutConfig(incremental_streaming_output=False)).command(
+        LaunchSpec("/ckpt", "127.0.0.1", 0, "3", tmp_path / "log"))
+    assert not parse_args(plain[3:])[0].incremental_streaming_output
 
 
 def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
@@ -109,6 +113,7 @@ def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
     for flag, value in [("--attention-backend", "dsa"), ("--dsa-topk-backend", "torch"), ("--weight-version", "3"),
                         ("--tp-size", "8")]:
         assert argv[argv.index(flag) + 1] == value
+    assert "--incremental-streaming-output" in argv
     assert backend.environment() == {"SGLANG_DSA_FUSE_TOPK": "0"}
     with pytest.raises(RuntimeError, match="needs SGLang"):
         backend.check_available()

@@ -1,6 +1,7 @@
 """The built-in engine against engine.md: every endpoint, over real HTTP, checked against the model."""
 
 import asyncio
+from itertools import accumulate
 
 import httpx
 import orjson
@@ -176,6 +177,40 @@ async def test_stream_interval_sends_the_first_token_then_every_nth(tiny_checkpo
     # [1, 4, 8, 12, 13] unless a slow client had events merged (merging keeps the newest)
     assert lengths[-1] == 13 and len(lengths) >= 2 and all(n == 1 or n % 4 == 0 for n in lengths[:-1])
     assert last.output_ids == whole.output_ids and last.text == whole.text
+
+
+async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoint, tmp_path):
+    """SGLang's --incremental-streaming-output: each event carries the tokens, text and log-probs since the
+    previous one; the events add up to the unstreamed response, and EngineClient reads them as snapshots."""
+    proc = start_engine(tiny_checkpoint, tmp_path, "--incremental-streaming-output")
+    params = {"max_new_tokens": 20, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 5}
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            assert (await http.get(proc.url + "/get_server_info")).json()["incremental_streaming_output"] is True
+            body = {"input_ids": PROMPT, "sampling_params": params, "return_logprob": True, "stream": True}
+            async with http.stream("POST", proc.url + "/generate", json=body) as response:
+                events = [orjson.loads(line[6:]) async for line in response.aiter_lines()
+                          if line.startswith("data: {")]
+        async with EngineClient(proc.url, timeout_s=60) as c:
+            whole = await c.generate(PROMPT, params)
+            snapshots = [s async for s in c.generate_stream(PROMPT, params)]
+    finally:
+        assert proc.stop() == 0, proc.log()
+    assert len(events) >= 2 and sum(len(e["output_ids"]) for e in events) == 20
+    assert [e["meta_info"]["completion_tokens"] for e in events] == list(accumulate(len(e["output_ids"]) for e in events))
+    assert all(len(e["meta_info"]["output_token_logprobs"]) == len(e["output_ids"]) for e in events)
+    assert [t for e in events for t in e["output_ids"]] == whole.output_ids
+    assert "".join(e["text"] for e in events) == whole.text
+    streamed = torch.tensor([e[0] for ev in events for e in ev["meta_info"]["output_token_logprobs"]])
+    unstreamed = torch.tensor([e[0] for e in whole.meta_info.output_token_logprobs])
+    assert (streamed - unstreamed).abs().max() <= 1e-5  # a cached prefix changes the prefill's rounding only
+    lengths = [len(s.output_ids) for s in snapshots]
+    assert lengths == sorted(lengths) and lengths[-1] == 20
+    last = snapshots[-1]
+    assert last.output_ids == whole.output_ids and last.text == whole.text
+    assert [e[1] for e in last.meta_info.output_token_logprobs] == whole.output_ids
+    assert (torch.tensor([e[0] for e in last.meta_info.output_token_logprobs]) - unstreamed).abs().max() <= 1e-5
+    assert last.meta_info.weight_versions == whole.meta_info.weight_versions
 
 
 @pytest.mark.parametrize("body, field", [
