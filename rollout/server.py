@@ -11,12 +11,14 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
 from rollout.engine import Engine, EngineArgs
@@ -31,6 +33,20 @@ from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, 
 log = logging.getLogger("rollout.server")
 
 
+class _LoadGauges(Collector):
+    """The scheduler's load as SGLang's gauges, read once per scrape (Scheduler.loads walks the queue)."""
+
+    def __init__(self, loads: Callable[[], dict[str, int]]) -> None:
+        self.loads = loads
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.loads()
+        yield GaugeMetricFamily("sglang_num_running_reqs", "running requests", value=now["num_running_reqs"])
+        yield GaugeMetricFamily("sglang_num_queue_reqs", "waiting requests", value=now["num_waiting_reqs"])
+        yield GaugeMetricFamily("sglang_token_usage", "fraction of KV slots in use",
+                                value=now["num_used_tokens"] / now["max_total_num_tokens"])
+
+
 class EngineMetrics:
     def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry()
@@ -41,12 +57,7 @@ class EngineMetrics:
         self.cached_tokens = Counter("sglang_cached_tokens", "prompt tokens served from the prefix cache", registry=r)
         self.e2e_latency = Histogram("sglang_e2e_request_latency_seconds", "request latency", registry=r,
                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
-        loads = engine.scheduler.loads
-        Gauge("sglang_num_running_reqs", "running requests", registry=r).set_function(
-            lambda: loads()["num_running_reqs"])
-        Gauge("sglang_num_queue_reqs", "waiting requests", registry=r).set_function(lambda: loads()["num_waiting_reqs"])
-        Gauge("sglang_token_usage", "fraction of KV slots in use", registry=r).set_function(
-            lambda: loads()["num_used_tokens"] / loads()["max_total_num_tokens"])
+        r.register(_LoadGauges(engine.scheduler.loads))
 
     def finished(self, req: Req) -> None:
         self.requests.labels(req.finish_reason["type"]).inc()

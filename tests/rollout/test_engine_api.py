@@ -30,7 +30,9 @@ async def test_health_info_loads_and_metrics(engine, client):
     assert server["max_total_num_tokens"] == 32768 and "version" in server
     loads = await client.loads()
     assert loads.loads[0].num_running_reqs == 0 and loads.loads[0].dp_rank == 0
-    assert "sglang_num_running_reqs" in metrics and "sglang_generation_tokens_total" in metrics
+    assert "sglang_generation_tokens_total" in metrics
+    assert {"sglang_num_running_reqs 0.0", "sglang_num_queue_reqs 0.0"} <= set(metrics.splitlines())
+    assert any(line.startswith("sglang_token_usage ") for line in metrics.splitlines())
 
 
 async def test_greedy_equals_argmax_and_logprobs_equal_teacher_forcing(client, reference_model):
