@@ -225,6 +225,13 @@ class EngineClient:
     async def resume(self) -> None:
         await self._json("POST", "/continue_generation", {})
 
+    async def release_memory(self, tags: Optional[list[str]] = None) -> None:
+        """SGLang's release_memory_occupation (the engine must be idle); tags: weights, kv_cache, cuda_graph."""
+        await self._json("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory(self, tags: Optional[list[str]] = None) -> None:
+        await self._json("POST", "/resume_memory_occupation", {"tags": tags})
+
     # Weights -----------------------------------------------------------------------------------
     async def update_weights_from_disk(self, model_path: str, weight_version: Optional[str] = None,
                                        flush_cache: bool = True) -> WeightsUpdateResponse:

@@ -7,10 +7,13 @@ lands on a step boundary and every generated token knows the weight version that
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
 import random
+import shutil
+import tempfile
 import threading
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -25,10 +28,15 @@ from asyncrl.tokenizer import Tokenizer, load_tokenizer
 from asyncrl.protocols.engine import GenerateItem
 from rollout.request import Req
 from rollout.scheduler import Scheduler, SchedulerConfig
+from rollout.weights import offload_weights, restore_weights
 
 log = logging.getLogger("rollout.engine")
 
 VERSION = "asyncrl-cpu-engine/0.1 (sglang-native-api 0.5.23 subset)"
+MEMORY_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})
+"""SGLang's release/resume_memory_occupation tags (no tags: all of them)."""
+RELEASABLE = frozenset({"weights", "kv_cache"})
+"""The tags that hold memory here: the CPU engine captures no CUDA graphs."""
 
 
 @dataclass
@@ -74,7 +82,8 @@ class Engine:
         self.tokenizer = _load_tokenizer(args)
         context = args.context_length or min(self.config.max_position_embeddings, args.max_total_tokens)
         self.context_length = context
-        self.cache = KVCache(self.config, args.max_total_tokens, dtype=self.model.dtype)
+        self.cache: Optional[KVCache] = KVCache(self.config, args.max_total_tokens, dtype=self.model.dtype)
+        self.kv_bytes_per_token = self.cache.bytes_per_token
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context,
                             args.disable_radix_cache),
@@ -88,6 +97,10 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.steps = 0
         self.generated_tokens = 0
+        self.released: frozenset[str] = frozenset()
+        """Memory given up by release_memory_occupation (tags of RELEASABLE)."""
+        self._weights_backup: Optional[Path] = None
+        self._weights_shapes: dict[str, torch.Size] = {}
 
     # Lifecycle --------------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -101,6 +114,8 @@ class Engine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
+        if self._weights_backup is not None:  # stopped while the weights were released
+            shutil.rmtree(self._weights_backup, ignore_errors=True)
 
     @property
     def weight_version(self) -> str:
@@ -147,6 +162,9 @@ class Engine:
         """Load new weights in place; running requests continue with them (their weight_versions
         spans split). flush_cache drops the radix cache, whose KV was computed with the old weights."""
         def apply() -> str:
+            if "weights" in self.released:
+                raise ValueError("the weights are released (release_memory_occupation): resume_memory_occupation "
+                                 "with tag 'weights' first")
             if abort_all:
                 self.scheduler.abort(None, "aborted for a weight update")
             count = load()
@@ -158,6 +176,37 @@ class Engine:
             return f"Updated {count} tensors."
         return self.call(apply)
 
+    def release_memory(self, tags: frozenset[str]) -> str:
+        """SGLang's release_memory_occupation (engine thread): free the KV pool and/or the weights of an
+        idle engine. Until everything is resumed no step runs; requests that arrive meanwhile wait."""
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        if running or waiting:
+            raise ValueError(f"release_memory_occupation needs an idle engine ({running} running, {waiting} waiting "
+                             "requests); abort or finish them first")
+        if "kv_cache" in tags and "kv_cache" not in self.released:
+            self.scheduler.flush_cache()
+            self.cache = None
+        if "weights" in tags and "weights" not in self.released:
+            self._weights_backup = Path(tempfile.mkdtemp(prefix="asyncrl-released-weights-"))
+            self._weights_shapes = offload_weights(self.model, self._weights_backup)
+        self.released |= tags & RELEASABLE
+        gc.collect()  # reference cycles (a failed command's traceback, say) can keep the pool's tensors alive
+        log.info("memory released: %s", sorted(self.released))
+        return f"Released {sorted(tags)}."
+
+    def resume_memory(self, tags: frozenset[str]) -> str:
+        """SGLang's resume_memory_occupation (engine thread): the KV pool comes back empty, the weights as
+        they were released."""
+        if "weights" in tags and "weights" in self.released:
+            restore_weights(self.model, self._weights_backup, self._weights_shapes)
+            shutil.rmtree(self._weights_backup, ignore_errors=True)
+            self._weights_backup = None
+        if "kv_cache" in tags and "kv_cache" in self.released:
+            self.cache = KVCache(self.config, self.args.max_total_tokens, dtype=self.model.dtype)
+        self.released -= tags
+        log.info("memory resumed: %s; still released: %s", sorted(tags), sorted(self.released))
+        return f"Resumed {sorted(tags)}."
+
     # Engine thread ----------------------------------------------------------------------------
     def _forward(self, batch) -> torch.Tensor:
         with torch.inference_mode():
@@ -167,7 +216,7 @@ class Engine:
         while not self._stop.is_set():
             self._drain_inbox()
             try:
-                worked = self.scheduler.step()
+                worked = not self.released and self.scheduler.step()
             except Exception:  # a bug must not hang clients: fail what is in flight, keep serving
                 log.exception("engine step failed; aborting in-flight requests")
                 self.scheduler.abort(None, "engine step failed (see engine log)")
@@ -195,7 +244,8 @@ class Engine:
     def server_info(self) -> dict[str, Any]:
         return {**asdict(self.args), "context_length": self.context_length, "version": VERSION,
                 "weight_version": self.weight_version, "max_total_num_tokens": self.args.max_total_tokens,
-                "kv_cache_bytes_per_token": self.cache.bytes_per_token, "pid": os.getpid()}
+                "kv_cache_bytes_per_token": self.kv_bytes_per_token, "pid": os.getpid(),
+                "memory_released": sorted(self.released)}
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,

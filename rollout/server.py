@@ -21,9 +21,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
-from rollout.engine import Engine, EngineArgs
+from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
-                              InitWeightsUpdateGroupRequest, PauseGenerationRequest, SamplingParams,
+                              InitWeightsUpdateGroupRequest, MemoryOccupationRequest, PauseGenerationRequest,
+                              SamplingParams,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
                               UpdateWeightsFromTensorRequest, split_batch)
 from rollout.request import Req
@@ -134,6 +135,8 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
+        if engine.released:  # released memory cannot generate (SGLang's check would time out instead)
+            return Response(status_code=503)
         item = GenerateItem(rid=f"HEALTH_CHECK_{new_rid()}", input_ids=[0],
                             sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
         try:
@@ -210,6 +213,24 @@ def build_app(engine: Engine) -> FastAPI:
             engine.scheduler.paused = False
         await asyncio.wrap_future(engine.call(resume))
         return {"status": "ok"}
+
+    async def memory(body: Optional[MemoryOccupationRequest], change: Callable[[frozenset[str]], str]) -> JSONResponse:
+        tags = frozenset((body.tags if body else None) or MEMORY_TAGS)
+        if not tags <= MEMORY_TAGS:
+            return error_response(400, f"tags: unknown {sorted(tags - MEMORY_TAGS)} (known: {sorted(MEMORY_TAGS)})")
+        try:
+            message = await asyncio.wrap_future(engine.call(lambda: change(tags)))
+        except ValueError as err:
+            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
+        return JSONResponse({"success": True, "message": message})
+
+    @app.post("/release_memory_occupation")
+    async def release_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> JSONResponse:
+        return await memory(body, engine.release_memory)
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> JSONResponse:
+        return await memory(body, engine.resume_memory)
 
     async def update(load, version: Optional[str], flush: bool, abort_all: bool = False) -> JSONResponse:
         try:

@@ -8,17 +8,21 @@
 
 All paths end in `asyncrl.model.io.load_weights`, which copies by HF name into existing parameters
 (shapes checked), so the model object, its KV cache and compiled state survive an update.
+
+`offload_weights` / `restore_weights` serve SGLang's release / resume_memory_occupation (tag `weights`):
+the weights go to a local checkpoint and their memory is freed, then come back exactly.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from asyncrl.model.io import dtype_from_name, load_weights, read_tensors
+from asyncrl.model.io import dtype_from_name, load_weights, read_tensors, save_pretrained
 from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, decode_named_tensors
 
 log = logging.getLogger("rollout.weights")
@@ -41,6 +45,24 @@ def apply_from_disk(model, path: str) -> int:
 def apply_tensors(model, tensors: dict[str, torch.Tensor]) -> int:
     load_weights(model, tensors, strict=False)
     return len(tensors)
+
+
+def offload_weights(model, directory: Path) -> dict[str, torch.Size]:
+    """Write the weights to `directory` (an HF checkpoint), then free every parameter's storage.
+    -> the parameter shapes, for restore_weights."""
+    save_pretrained(model, directory)
+    shapes = {}
+    for name, param in model.named_parameters():
+        shapes[name] = param.shape
+        param.data = torch.empty(0, dtype=param.dtype)
+    return shapes
+
+
+def restore_weights(model, directory: Path, shapes: dict[str, torch.Size]) -> int:
+    """Give the parameters their storage back and reload the weights offload_weights wrote."""
+    for name, param in model.named_parameters():
+        param.data = torch.empty(shapes[name], dtype=param.dtype)
+    return apply_from_disk(model, str(directory))
 
 
 class WeightsUpdateGroup:

@@ -286,6 +286,13 @@ class PauseGenerationRequest(_Lenient):
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
+class MemoryOccupationRequest(_Lenient):
+    """POST /release_memory_occupation and /resume_memory_occupation (SGLang's): which memory, by tag
+    ("weights", "kv_cache", "cuda_graph"); none or empty: all of it."""
+
+    tags: Optional[list[str]] = None
+
+
 class UpdateWeightsFromDiskRequest(_Lenient):
     model_path: str
     load_format: Optional[str] = None

@@ -4,11 +4,13 @@ and retraction under memory pressure, against real engine processes."""
 import asyncio
 import socket
 
+import httpx
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
-from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.io import read_tensors
 from tests.rollout.conftest import start_engine
 
@@ -192,3 +194,57 @@ async def test_memory_pressure_retracts_instead_of_failing(tiny_checkpoint, tmp_
     finally:
         small.stop()
         roomy.stop()
+
+
+async def test_release_and_resume_memory_occupation_as_slime_colocates(tiny_checkpoint, tiny_checkpoint_b, tmp_path):
+    """SGLang's release / resume_memory_occupation in slime's colocate order: release all (idle engines
+    only), train, resume weights, update them, resume the KV cache. Released memory goes back to the
+    OS; requests sent meanwhile wait; resumed weights are exactly the released ones."""
+    proc = start_engine(tiny_checkpoint, tmp_path, "--max-total-tokens", "400000")
+    greedy = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    try:
+        async with EngineClient(proc.url, timeout_s=120) as c:
+            info = await c.server_info()
+            pool_bytes = info["max_total_num_tokens"] * info["kv_cache_bytes_per_token"]
+            server = psutil.Process(info["pid"])
+            before = await c.generate(PROMPT, greedy)
+            long = asyncio.create_task(c.generate(PROMPT, LONG))
+            await until(lambda: busy(c))
+            with pytest.raises(EngineError, match="needs an idle engine"):
+                await c.release_memory()
+            await c.abort(abort_all=True)
+            await long
+            with pytest.raises(EngineError, match="unknown"):
+                await c.release_memory(["gpu"])
+
+            rss = server.memory_info().rss
+            await c.release_memory()  # no tags: all
+            assert (await c.server_info())["memory_released"] == ["kv_cache", "weights"]
+            assert rss - server.memory_info().rss > 0.8 * pool_bytes
+            assert not await c.health_generate()
+            queued = asyncio.create_task(c.generate(PROMPT, {"max_new_tokens": 4, "ignore_eos": True}))
+            await asyncio.sleep(0.5)
+            assert not queued.done() and await waiting(c) == 1
+            with pytest.raises(EngineError, match="weights are released"):
+                await c.update_weights_from_disk(str(tiny_checkpoint_b))
+
+            await c.resume_memory(["weights"])
+            assert (await c.update_weights_from_disk(str(tiny_checkpoint_b), weight_version="1")).success
+            await asyncio.sleep(0.3)
+            assert not queued.done()  # the KV cache is still released
+            await c.resume_memory(["kv_cache"])
+            out = await queued
+            assert len(out.output_ids) == 4 and out.meta_info.weight_version == "1"
+            assert await c.health_generate()
+
+            await c.update_weights_from_disk(str(tiny_checkpoint), weight_version="2")
+            await c.release_memory(["weights"])
+            await c.resume_memory(["weights"])  # restored from the engine's own offload, bit for bit
+            after = await c.generate(PROMPT, greedy)
+            async with httpx.AsyncClient() as http:  # a body-less POST, as SGLang accepts
+                assert (await http.post(proc.url + "/resume_memory_occupation")).json()["success"]
+    finally:
+        assert proc.stop() == 0, proc.log()
+    assert after.output_ids == before.output_ids
+    assert [e[0] for e in after.meta_info.output_token_logprobs] == [
+        e[0] for e in before.meta_info.output_token_logprobs]
