@@ -268,6 +268,10 @@ def build_app(engine: Engine) -> FastAPI:
         if group is None or group.group_name != body.group_name:
             return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
                                 status_code=400)
+        if "weights" in engine.released:  # refuse, but take rank 0's broadcast: the trainer must not hang in it
+            await asyncio.wrap_future(engine.call(lambda: group.receive(body.names, body.dtypes, body.shapes)))
+            return JSONResponse({"success": False, "message": "the weights are released (release_memory_occupation)"},
+                                status_code=400)
         return await update(lambda: apply_tensors(engine.model, group.receive(body.names, body.dtypes, body.shapes)),
                             body.weight_version, body.flush_cache)
 

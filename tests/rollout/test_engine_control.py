@@ -173,6 +173,13 @@ async def test_distributed_gloo_broadcast_update(client, tiny_checkpoint, tiny_c
         assert (await update).success
         after = await client.generate(PROMPT, greedy)
         assert after.output_ids == target.output_ids and after.meta_info.weight_version == "32"
+        await client.release_memory(["weights"])  # refused while released, yet the broadcast is taken (no hang)
+        refused = asyncio.create_task(client.update_weights_from_distributed(tensors, group_name="wg"))
+        await asyncio.wait_for(asyncio.to_thread(broadcast_all), timeout=60)
+        with pytest.raises(EngineError, match="weights are released"):
+            await refused
+        await client.resume_memory(["weights"])
+        assert (await client.generate(PROMPT, greedy)).output_ids == target.output_ids
         assert (await client.destroy_weights_update_group("wg")).success
     finally:
         dist.destroy_process_group()
