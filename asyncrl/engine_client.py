@@ -225,6 +225,17 @@ class EngineClient:
     async def resume(self) -> None:
         await self._json("POST", "/continue_generation", {})
 
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
+        """Relabel the current weights (SGLang's /update_weight_version)."""
+        await self._json("POST", "/update_weight_version", {"new_version": new_version,
+                                                            "abort_all_requests": abort_all_requests})
+
+    async def weights_by_name(self, name: str, truncate_size: int = 100) -> torch.Tensor:
+        """The first truncate_size rows of an HF-named tensor, as the engine holds it (fp32)."""
+        rows = await self._json("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size},
+                                idempotent=True)
+        return torch.tensor(rows, dtype=torch.float32)
+
     async def release_memory(self, tags: Optional[list[str]] = None) -> None:
         """SGLang's release_memory_occupation (the engine must be idle); tags: weights, kv_cache, cuda_graph."""
         await self._json("POST", "/release_memory_occupation", {"tags": tags})

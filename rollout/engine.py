@@ -176,6 +176,15 @@ class Engine:
             return f"Updated {count} tensors."
         return self.call(apply)
 
+    def weights_by_name(self, name: str, rows: int) -> list:
+        """SGLang's get_weights_by_name (engine thread): the first `rows` rows of an HF-named tensor, fp32."""
+        if "weights" in self.released:
+            raise ValueError("the weights are released (release_memory_occupation)")
+        tensors = self.model.state_dict()
+        if name not in tensors:
+            raise ValueError(f"no tensor named {name!r} (HF names, e.g. model.layers.0.self_attn.q_a_proj.weight)")
+        return tensors[name][:rows].float().tolist()
+
     def release_memory(self, tags: frozenset[str]) -> str:
         """SGLang's release_memory_occupation (engine thread): free the KV pool and/or the weights of an
         idle engine. Until everything is resumed no step runs; requests that arrive meanwhile wait."""

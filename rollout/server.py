@@ -23,8 +23,8 @@ from prometheus_client.registry import Collector
 from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
 from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
-                              InitWeightsUpdateGroupRequest, MemoryOccupationRequest, PauseGenerationRequest,
-                              SamplingParams,
+                              GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, MemoryOccupationRequest,
+                              PauseGenerationRequest, SamplingParams, UpdateWeightVersionRequest,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
                               UpdateWeightsFromTensorRequest, split_batch)
 from rollout.request import Req
@@ -213,6 +213,24 @@ def build_app(engine: Engine) -> FastAPI:
             engine.scheduler.paused = False
         await asyncio.wrap_future(engine.call(resume))
         return {"status": "ok"}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(body: UpdateWeightVersionRequest) -> JSONResponse:
+        def relabel() -> None:
+            if body.abort_all_requests:
+                engine.scheduler.abort(None, "aborted by update_weight_version")
+            engine.scheduler.weight_version = body.new_version
+        await asyncio.wrap_future(engine.call(relabel))
+        return JSONResponse({"success": True, "message": f"Weight version updated to {body.new_version}.",
+                             "new_version": body.new_version})
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(body: GetWeightsByNameRequest) -> Response:
+        try:
+            rows = await asyncio.wrap_future(engine.call(lambda: engine.weights_by_name(body.name, body.truncate_size)))
+        except ValueError as err:
+            return error_response(400, str(err))
+        return Response(orjson.dumps(rows), media_type="application/json")
 
     async def memory(body: Optional[MemoryOccupationRequest], change: Callable[[frozenset[str]], str]) -> JSONResponse:
         tags = frozenset((body.tags if body else None) or MEMORY_TAGS)

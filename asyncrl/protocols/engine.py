@@ -293,6 +293,21 @@ class MemoryOccupationRequest(_Lenient):
     tags: Optional[list[str]] = None
 
 
+class UpdateWeightVersionRequest(_Lenient):
+    """POST /update_weight_version (SGLang's): a new version label for the current weights."""
+
+    new_version: str
+    abort_all_requests: bool = True
+
+
+class GetWeightsByNameRequest(_Lenient):
+    """GET/POST /get_weights_by_name (SGLang's, for checking a weight sync): the first `truncate_size`
+    rows of one HF-named tensor."""
+
+    name: str
+    truncate_size: int = Field(100, ge=1)
+
+
 class UpdateWeightsFromDiskRequest(_Lenient):
     model_path: str
     load_format: Optional[str] = None

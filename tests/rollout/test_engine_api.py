@@ -247,6 +247,10 @@ async def test_malformed_generate_is_a_400_naming_the_problem(engine, body, fiel
                                     "world_size": 2}, "master_port"),
     ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}, "no weights update group"),
     ("/update_weights_from_distributed", {"names": ["a"], "dtypes": [], "shapes": [[1]]}, "same length"),
+    ("/release_memory_occupation", {"tags": ["kv_cache", "gpu"]}, "unknown ['gpu']"),
+    ("/resume_memory_occupation", {"tags": "weights"}, "tags"),
+    ("/update_weight_version", {"abort_all_requests": False}, "new_version"),
+    ("/get_weights_by_name", {"name": "model.embed_tokens.weight", "truncate_size": 0}, "truncate_size"),
     ("/destroy_weights_update_group", {"group_name": "nope"}, "no weights update group"),
 ])
 async def test_malformed_control_requests_are_400s(engine, path, body, field):

@@ -119,6 +119,34 @@ async def test_disk_update_changes_outputs_and_version(client, tiny_checkpoint, 
     assert again.output_ids == before.output_ids and again.meta_info.weight_version == "2"
 
 
+async def test_get_weights_by_name_shows_the_served_weights(client, tiny_checkpoint, tiny_checkpoint_b):
+    """SGLang's /get_weights_by_name (how RL frameworks check a weight sync): the first rows of an HF-named
+    tensor, before and after an update, experts included (stored stacked, named per expert)."""
+    names = ["model.layers.0.self_attn.q_a_proj.weight", "model.layers.1.mlp.experts.3.down_proj.weight",
+             "lm_head.weight"]
+    for checkpoint in (tiny_checkpoint_b, tiny_checkpoint):
+        await client.update_weights_from_disk(str(checkpoint))
+        expected = read_tensors(checkpoint)
+        for name in names:
+            assert torch.equal(await client.weights_by_name(name, 5), expected[name][:5].float()), name
+    with pytest.raises(EngineError, match="no tensor named"):
+        await client.weights_by_name("model.layers.0.nope")
+
+
+async def test_update_weight_version_relabels_and_may_abort(client):
+    task = asyncio.create_task(client.generate(PROMPT, LONG))
+    await until(lambda: busy(client))
+    await client.update_weight_version("41", abort_all_requests=False)
+    await asyncio.sleep(0.2)
+    await client.update_weight_version("42")  # SGLang's default: abort what runs
+    out = await task
+    assert out.meta_info.finish_reason["type"] == "abort"
+    versions = [s.version for s in out.meta_info.weight_versions]
+    assert len(versions) >= 2 and versions[-1] == "41"  # relabelled mid-request; aborted before "42" took effect
+    assert await client.weight_version() == "42"
+    assert (await client.generate(PROMPT, {"max_new_tokens": 2})).meta_info.weight_version == "42"
+
+
 async def test_in_place_update_splits_weight_version_spans(client, tiny_checkpoint, tiny_checkpoint_b):
     await client.update_weights_from_disk(str(tiny_checkpoint), weight_version="10")
     task = asyncio.create_task(client.generate(PROMPT, {**LONG, "max_new_tokens": 800}))
