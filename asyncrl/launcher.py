@@ -79,9 +79,11 @@ def run(cfg: RunConfig) -> int:
 
 
 def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> str:
-    server = EmbeddedRedis(cfg.redis.data_dir or run_dir / "redis", aof=cfg.redis.aof).start()
+    server = EmbeddedRedis(cfg.redis.data_dir or run_dir / "redis", aof=cfg.redis.aof,
+                           appendfsync=cfg.redis.appendfsync).start()
     stack.callback(server.stop)
-    log.info("embedded redis-server at %s (AOF %s, data in %s)", server.url, cfg.redis.aof, server.data_dir)
+    log.info("embedded redis-server at %s (AOF %s, appendfsync %s, data in %s)", server.url, cfg.redis.aof,
+             cfg.redis.appendfsync, server.data_dir)
     return server.url
 
 

@@ -50,11 +50,15 @@ class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1 with AOF persistence under `data_dir`.
 
     `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
-    and waits. Restarting on the same `data_dir` reloads every write that reached the AOF.
+    and waits. Restarting on the same `data_dir` reloads every write that reached the AOF: with
+    appendfsync `always` (the default), every acknowledged one. With `everysec`, redis may answer a
+    write whose AOF append it postponed behind a running fsync, and a kill then loses it.
     """
 
     def __init__(self, data_dir: str | Path, port: Optional[int] = None, aof: bool = True,
-                 appendfsync: str = "everysec") -> None:
+                 appendfsync: str = "always") -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.aof = aof
