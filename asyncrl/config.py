@@ -238,6 +238,10 @@ class WeightPushConfig:
     differently (default group vs SGLang's custom group); the trainer mirrors the one it talks to."""
     timeout_s: float = 600.0
     """Per engine call (pause, update, resume) and for joining the broadcast group."""
+    verify_weights: bool = True
+    """After each update, while the engines are still paused, read back the first rows of a few tensors
+    from every engine (SGLang's /get_weights_by_name) and compare them with what was sent: an engine that
+    serves other values counts as failed. Turn off for an SGLang model without get_weights_by_name."""
 
 
 @dataclass

@@ -12,8 +12,9 @@ Sequence of one push:
 3. pause every engine concurrently (`pause_mode`; in_place by default: running requests keep their
    KV cache and continue with the new weights, their tokens recording both weight versions);
 4. transfer with the configured method (`PUSHERS`), to every engine concurrently;
-5. continue every engine, always, even when a transfer failed;
-6. record the push in the `weights` hash.
+5. `verify_weights`: read the first rows of a few of the tensors back from every engine and compare;
+6. continue every engine, always, even when a transfer failed;
+7. record the push in the `weights` hash.
 
 The `weights` hash: `version` + `location` name the newest snapshot on disk (what a restarted engine
 loads, labelled with that version), `pushed_version` is what the engines were last told to serve.
@@ -236,6 +237,9 @@ class WeightSync:
             log.exception("weights v%d: %s push failed", version, self.cfg.method)
             report.failed |= {eid: f"{type(err).__name__}: {err}" for eid in paused}
             await self.pusher.close()
+            if self.cfg.verify_weights:
+                updated = {eid: c for eid, c in paused.items() if eid not in report.failed}
+                report.failed |= await each(updated, lambda c: verify_weights(c, tensors))
         finally:
             report.update_s, t = time.perf_counter() - t, time.perf_counter()
             report.failed |= await each(paused, lambda c: c.resume())
@@ -261,6 +265,31 @@ class WeightSync:
         await self.pusher.close()
         await asyncio.gather(*(c.close() for c in self.clients.values()))
         self.clients.clear()
+
+
+class WeightsMismatch(RuntimeError):
+    """An engine serves other values than the push sent it."""
+
+
+VERIFY_ROWS = 4
+
+
+def probe_names(tensors: Tensors) -> list[str]:
+    """The tensors a push reads back: the first, middle and last HF name (embeddings, a middle layer, the
+    last one or lm_head), so a transfer that stopped early or mixed tensors up shows."""
+    names = sorted(tensors)
+    return sorted({names[0], names[len(names) // 2], names[-1]})
+
+
+async def verify_weights(client: EngineClient, tensors: Tensors) -> None:
+    """Raise WeightsMismatch unless the engine's first VERIFY_ROWS rows of probe_names(tensors) are the
+    sent values (compared exactly, in fp32: the engine holds them in the dtype they were sent in)."""
+    for name in probe_names(tensors):
+        sent = tensors[name][:VERIFY_ROWS].detach().float().cpu()
+        served = await client.weights_by_name(name, VERIFY_ROWS)
+        if served.shape != sent.shape or not torch.equal(served, sent):
+            gap = (served - sent).abs().max().item() if served.shape == sent.shape else float("nan")
+            raise WeightsMismatch(f"{name}: the engine serves other values (max |difference| {gap:.3g})")
 
 
 async def each(clients: dict[str, EngineClient], call: Callable[[EngineClient], Awaitable]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from asyncrl.model.io import load_pretrained, read_tensors
 from asyncrl.store import Store
 from tests.rollout.conftest import argmax_continuation, start_engine
 from trainer.backends.base import make_backend
-from trainer.weight_push import WeightSync
+from trainer.weight_push import WeightsMismatch, WeightSync, probe_names, verify_weights
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,6 +111,21 @@ async def test_a_dead_engine_is_reported_and_the_others_update(engine, store, tr
     assert set(report.failed) == {"engine-dead"} and report.engines == 2
     assert await greedy(engine) == (expected["trained"], "3")  # updated and resumed
     assert (await store.get_weights())["pushed_version"] == "3"
+    await sync.close()
+
+
+async def test_verification_reads_the_pushed_rows_back_and_catches_other_values(engines, store, trainer_backend,
+                                                                                tiny_checkpoint, tmp_path):
+    """Every push above passed verify_weights (their failed == {}); here the engines hold the trainer's
+    weights and are checked against the initial ones: both are reported, with the tensor named."""
+    sync = WeightSync(WeightPushConfig(method="disk"), store, tmp_path / "w")
+    assert (await sync.push(trainer_backend, version=4)).failed == {}
+    stale = read_tensors(tiny_checkpoint)
+    async with EngineClient(engines[0].url) as client:
+        await verify_weights(client, trainer_backend.hf_state_dict())
+        with pytest.raises(WeightsMismatch, match=r"\S+\.weight: the engine serves other values"):
+            await verify_weights(client, stale)
+    assert len(probe_names(stale)) == 3 and "lm_head.weight" in probe_names(stale)
     await sync.close()
 
 
