@@ -241,7 +241,8 @@ class WeightPushConfig:
     verify_weights: bool = True
     """After each update, while the engines are still paused, read back the first rows of a few tensors
     from every engine (SGLang's /get_weights_by_name) and compare them with what was sent: an engine that
-    serves other values counts as failed. Turn off for an SGLang model without get_weights_by_name."""
+    serves other values counts as failed. An engine that cannot answer the read (an SGLang model without
+    get_weights_by_name) is logged, not failed; turn it off there."""
 
 
 @dataclass

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import WeightPushConfig
-from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import save_tensors
 from asyncrl.store import Store
@@ -283,10 +283,18 @@ def probe_names(tensors: Tensors) -> list[str]:
 
 async def verify_weights(client: EngineClient, tensors: Tensors) -> None:
     """Raise WeightsMismatch unless the engine's first VERIFY_ROWS rows of probe_names(tensors) are the
-    sent values (compared exactly, in fp32: the engine holds them in the dtype they were sent in)."""
+    sent values (compared exactly, in fp32: the engine holds them in the dtype they were sent in). An
+    engine that refuses the read (an SGLang model without get_weights_by_name: a 4xx) is only logged."""
     for name in probe_names(tensors):
         sent = tensors[name][:VERIFY_ROWS].detach().float().cpu()
-        served = await client.weights_by_name(name, VERIFY_ROWS)
+        try:
+            served = await client.weights_by_name(name, VERIFY_ROWS)
+        except EngineError as err:
+            if err.status >= 500:
+                raise
+            log.warning("%s cannot read weights back (%s): push not verified; weight_push.verify_weights=false "
+                        "stops asking", client.base_url, err.message)
+            return
         if served.shape != sent.shape or not torch.equal(served, sent):
             gap = (served - sent).abs().max().item() if served.shape == sent.shape else float("nan")
             raise WeightsMismatch(f"{name}: the engine serves other values (max |difference| {gap:.3g})")

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncrl.config import TrainerConfig, WeightPushConfig
 from asyncrl.engine_client import EngineClient
@@ -115,7 +116,7 @@ async def test_a_dead_engine_is_reported_and_the_others_update(engine, store, tr
 
 
 async def test_verification_reads_the_pushed_rows_back_and_catches_other_values(engines, store, trainer_backend,
-                                                                                tiny_checkpoint, tmp_path):
+                                                                                tiny_checkpoint, tmp_path, caplog):
     """Every push above passed verify_weights (their failed == {}); here the engines hold the trainer's
     weights and are checked against the initial ones: both are reported, with the tensor named."""
     sync = WeightSync(WeightPushConfig(method="disk"), store, tmp_path / "w")
@@ -125,6 +126,8 @@ async def test_verification_reads_the_pushed_rows_back_and_catches_other_values(
         await verify_weights(client, trainer_backend.hf_state_dict())
         with pytest.raises(WeightsMismatch, match=r"\S+\.weight: the engine serves other values"):
             await verify_weights(client, stale)
+        await verify_weights(client, {"model.unknown.weight": torch.zeros(2, 2)})  # a refused read: logged only
+    assert "cannot read weights back" in caplog.text
     assert len(probe_names(stale)) == 3 and "lm_head.weight" in probe_names(stale)
     await sync.close()
 
