@@ -193,8 +193,13 @@ async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoin
             async with http.stream("POST", proc.url + "/generate", json=body) as response:
                 events = [orjson.loads(line[6:]) async for line in response.aiter_lines()
                           if line.startswith("data: {")]
+            batch = {"input_ids": [PROMPT, PROMPT[:5]], "sampling_params": params, "stream": True}
+            async with http.stream("POST", proc.url + "/generate", json=batch) as response:
+                batch_events = [orjson.loads(line[6:]) async for line in response.aiter_lines()
+                                if line.startswith("data: {")]
         async with EngineClient(proc.url, timeout_s=60) as c:
             whole = await c.generate(PROMPT, params)
+            short = await c.generate(PROMPT[:5], params)
             snapshots = [s async for s in c.generate_stream(PROMPT, params)]
     finally:
         assert proc.stop() == 0, proc.log()
@@ -206,6 +211,10 @@ async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoin
     streamed = torch.tensor([e[0] for ev in events for e in ev["meta_info"]["output_token_logprobs"]])
     unstreamed = torch.tensor([e[0] for e in whole.meta_info.output_token_logprobs])
     assert (streamed - unstreamed).abs().max() <= 1e-5  # a cached prefix changes the prefill's rounding only
+    for index, alone in enumerate((whole, short)):  # a batch streams each prompt's deltas under its index
+        mine = [e for e in batch_events if e["index"] == index]
+        assert [t for e in mine for t in e["output_ids"]] == alone.output_ids
+        assert "".join(e["text"] for e in mine) == alone.text
     lengths = [len(s.output_ids) for s in snapshots]
     assert lengths == sorted(lengths) and lengths[-1] == 20
     last = snapshots[-1]
