@@ -4,10 +4,11 @@
 
 1. Throughput and inter-token latency at concurrency 1, 8, 32, 128. asyncrl: that many concurrent
    streaming /generate requests over HTTP (ITL = gaps between a request's streamed tokens), then the
-   same requests without streaming (what the gateway sends; throughput only). transformers: `generate`
-   on a batch of the same prompts (ITL = time between decode steps). All sample every token
-   (temperature 1, no early stop), on the same 2 CPU cores with one torch thread each; the benchmark's
-   own HTTP client shares those cores.
+   same requests without streaming (what the gateway sends; throughput only), then the same requests
+   submitted to an Engine in this process, no HTTP (like transformers' side: the engine thread alone).
+   transformers: `generate` on a batch of the same prompts (ITL = time between decode steps). All sample
+   every token (temperature 1, no early stop), on the same 2 CPU cores with one torch thread each; the
+   benchmark's own HTTP client shares those cores.
 2. Prefix-cache gain: multi-turn sessions that re-send their growing history, radix cache on vs off.
 3. Weight-update latency: update_weights_from_disk / _from_tensor / _from_distributed (gloo).
 """
@@ -23,6 +24,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from asyncrl.config import load_model_section  # noqa: E402
 from asyncrl.engine_client import EngineClient  # noqa: E402
 from asyncrl.model.io import read_tensors, save_pretrained  # noqa: E402
 from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
+from asyncrl.protocols.engine import GenerateItem, SamplingParams  # noqa: E402
+from rollout.engine import Engine, EngineArgs  # noqa: E402
+from rollout.request import Req  # noqa: E402
 from tests.services import ServiceProcess  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 128)
@@ -88,6 +93,26 @@ async def engine_batch_round(url: str, concurrency: int, new_tokens: int) -> dic
                                       for i, p in enumerate(prompts(concurrency))))
         elapsed = time.perf_counter() - start
     assert [len(o.output_ids) for o in outs] == [new_tokens] * concurrency
+    return {"tokens_per_s": concurrency * new_tokens / elapsed, "elapsed_s": elapsed}
+
+
+def engine_inprocess_round(engine: Engine, concurrency: int, new_tokens: int) -> dict:
+    """The same requests handed to an Engine in this process (its own engine thread), no HTTP."""
+    finished = threading.Semaphore(0)
+
+    def submit(rid: str, prompt: list[int], seed: int) -> Req:
+        sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, sampling_seed=seed)
+        return engine.submit(GenerateItem(rid=rid, input_ids=prompt, sampling=sampling),
+                             lambda req: finished.release() if req.finished else None)
+
+    submit("warm-up", prompts(1)[0], 0)
+    finished.acquire()
+    start = time.perf_counter()
+    reqs = [submit(f"c{concurrency}-{i}", p, i) for i, p in enumerate(prompts(concurrency))]
+    for _ in reqs:
+        finished.acquire()
+    elapsed = time.perf_counter() - start
+    assert [len(r.output_ids) for r in reqs] == [new_tokens] * concurrency
     return {"tokens_per_s": concurrency * new_tokens / elapsed, "elapsed_s": elapsed}
 
 
@@ -198,6 +223,17 @@ def main() -> None:
         results["weight_update"] = asyncio.run(weight_updates(engine.url, work / "ckpt"))
     finally:
         engine.stop()
+    # Last, and only now: an Engine living in this process made the HTTP client's streams stall (ITL p99
+    # at concurrency 128: ~200 ms instead of ~45 ms).
+    local = Engine(EngineArgs(model_path=str(work / "ckpt"), max_running_requests=128)).start()
+    try:
+        for c in CONCURRENCY:
+            row = results["throughput"][c]
+            row["asyncrl_inprocess"] = engine_inprocess_round(local, c, args.new_tokens)
+            row["speedup_inprocess"] = row["asyncrl_inprocess"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+            print(f"concurrency {c}: asyncrl in-process {row['asyncrl_inprocess']['tokens_per_s']:.0f} tok/s", flush=True)
+    finally:
+        local.stop()
     baseline = ServiceProcess("rollout.server", ["--model", str(work / "ckpt"), "--disable-radix-cache"], work,
                               name="engine-nocache")
     try:
@@ -216,14 +252,17 @@ def render_markdown(r: dict) -> str:
     lines = ["# Engine benchmark", "", f"Command: `{r['command']}`  ", f"Machine: {r['machine']}, load average "
              f"{r['load_avg_start'][0]:.1f} at start; tiny GLM-5 ({r['params'] / 1e6:.2f}M params), "
              f"{r['new_tokens']} sampled tokens per request, one torch thread each.", "",
-             "| concurrency | asyncrl tok/s (streaming) | asyncrl tok/s (not streaming) | transformers tok/s | "
-             "speedup (streaming / not) | asyncrl ITL p50 / p99 ms | transformers ITL p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| concurrency | asyncrl tok/s (streaming / not / in-process) | transformers tok/s | "
+             "speedup (streaming / not / in-process) | asyncrl ITL p50 / p99 ms | transformers ITL p50 / p99 ms |",
+             "|---|---|---|---|---|---|"]
     for c, row in r["throughput"].items():
-        a, b, t = row["asyncrl"], row["asyncrl_nonstream"], row["transformers"]
-        lines.append(f"| {c} | {a['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | "
-                     f"{row['speedup']:.2f}x / {row['speedup_nonstream']:.2f}x | "
+        a, b, i, t = row["asyncrl"], row["asyncrl_nonstream"], row["asyncrl_inprocess"], row["transformers"]
+        lines.append(f"| {c} | {a['tokens_per_s']:.0f} / {b['tokens_per_s']:.0f} / {i['tokens_per_s']:.0f} | "
+                     f"{t['tokens_per_s']:.0f} | {row['speedup']:.2f}x / {row['speedup_nonstream']:.2f}x / "
+                     f"{row['speedup_inprocess']:.2f}x | "
                      f"{a['itl_p50_ms']:.1f} / {a['itl_p99_ms']:.1f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} |")
+    lines += ["", "In-process: the same requests submitted to an Engine in the benchmark's process (its engine thread "
+              "alone, no HTTP server or client), as transformers runs."]
     pc = r["prefix_cache"]
     lines += ["", f"Prefix cache (16 sessions x 6 turns, growing history): {pc['on']['elapsed_s']:.2f} s with the radix "
               f"cache ({pc['on']['cached_fraction']:.0%} of prompt tokens cached) vs {pc['off']['elapsed_s']:.2f} s "
