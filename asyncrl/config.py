@@ -23,11 +23,12 @@ class RedisConfig:
     """redis://host:port/db of an existing server; None starts an embedded redis-server."""
     aof: bool = True
     """Embedded server only: persist every write to an append-only file."""
-    appendfsync: str = "always"
-    """Embedded server only: redis' appendfsync. `always` fsyncs before each reply, so an acknowledged
-    write survives a crash of redis-server (kill -9); `everysec` may lose the last 1-2 s of them. Cost
-    measured here (bench/results/redis_fsync.md): a lone writer 0.36 ms a write instead of 0.13 ms; 32
-    concurrent writers about the same, 0.072 vs 0.066 ms a write (redis fsyncs their writes together)."""
+    appendfsync: str = "everysec"
+    """Embedded server only: redis' appendfsync. `everysec` (the default) may lose the last 1-2 s of
+    acknowledged writes when redis-server itself is killed: it answers a write whose AOF append it
+    postponed behind a running background fsync. `always` fsyncs before each reply, so every acknowledged
+    write survives, at a cost measured here (bench/results/redis_fsync.md): a lone writer 0.36 ms a write
+    instead of 0.13 ms; 32 concurrent writers 0.072 vs 0.066 ms a write."""
     data_dir: Optional[str] = None
     """Embedded server only: where the AOF lives; None = <run_dir>/redis."""
     retention_groups: int = 10_000

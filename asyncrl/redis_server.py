@@ -51,12 +51,12 @@ class EmbeddedRedis:
 
     `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
     and waits. Restarting on the same `data_dir` reloads every write that reached the AOF: with
-    appendfsync `always` (the default), every acknowledged one. With `everysec`, redis may answer a
+    appendfsync `always`, every acknowledged one. With `everysec` (the default), redis may answer a
     write whose AOF append it postponed behind a running fsync, and a kill then loses it.
     """
 
     def __init__(self, data_dir: str | Path, port: Optional[int] = None, aof: bool = True,
-                 appendfsync: str = "always") -> None:
+                 appendfsync: str = "everysec") -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.data_dir = Path(data_dir).resolve()
