@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from asyncrl.model.io import dtype_from_name, load_pretrained
+from asyncrl.model.io import dtype_from_name, load_pretrained, load_weights
 from asyncrl.model.kv_cache import KVCache
 from asyncrl.tokenizer import Tokenizer, load_tokenizer
 from asyncrl.protocols.engine import GenerateItem
@@ -157,17 +157,21 @@ class Engine:
             raise ValueError("min_new_tokens must be <= max_new_tokens")
 
     # Control (each runs on the engine thread, between steps) --------------------------------
-    def update_weights(self, load: Callable[[], int], version: Optional[str], flush_cache: bool,
-                       abort_all: bool = False) -> Future:
-        """Load new weights in place; running requests continue with them (their weight_versions
-        spans split). flush_cache drops the radix cache, whose KV was computed with the old weights."""
+    def update_weights(self, receive: Callable[[], dict[str, torch.Tensor]], strict: bool, version: Optional[str],
+                       flush_cache: bool, abort_all: bool = False) -> Future:
+        """Load the HF-named tensors `receive` returns in place (strict: every tensor of the model); running
+        requests continue with them (their weight_versions spans split). flush_cache drops the radix
+        cache, whose KV was computed with the old weights. While the weights are released the update is
+        refused, but `receive` still runs: a broadcast must be taken, or the trainer hangs in it."""
         def apply() -> str:
             if "weights" in self.released:
-                raise ValueError("the weights are released (release_memory_occupation): resume_memory_occupation "
-                                 "with tag 'weights' first")
+                receive()
+                self._require_weights("update them")
             if abort_all:
                 self.scheduler.abort(None, "aborted for a weight update")
-            count = load()
+            tensors = receive()
+            load_weights(self.model, tensors, strict=strict)
+            count = len(tensors)
             if flush_cache:
                 self.scheduler.flush_cache()
             if version is not None:
@@ -178,12 +182,16 @@ class Engine:
 
     def weights_by_name(self, name: str, rows: int) -> list:
         """SGLang's get_weights_by_name (engine thread): the first `rows` rows of an HF-named tensor, fp32."""
-        if "weights" in self.released:
-            raise ValueError("the weights are released (release_memory_occupation)")
+        self._require_weights("read them")
         tensors = self.model.state_dict()
         if name not in tensors:
             raise ValueError(f"no tensor named {name!r} (HF names, e.g. model.layers.0.self_attn.q_a_proj.weight)")
         return tensors[name][:rows].float().tolist()
+
+    def _require_weights(self, action: str) -> None:
+        if "weights" in self.released:
+            raise ValueError(f"the weights are released (release_memory_occupation): resume_memory_occupation "
+                             f"with tag 'weights' before you {action}")
 
     def release_memory(self, tags: frozenset[str]) -> str:
         """SGLang's release_memory_occupation (engine thread): free the KV pool and/or the weights of an

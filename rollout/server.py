@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from asyncrl.model.io import read_tensors
 from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
 from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
@@ -29,7 +30,7 @@ from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupReq
                               UpdateWeightsFromTensorRequest, split_batch)
 from rollout.request import Req
 from rollout.response import StreamView, response_body
-from rollout.weights import WeightsUpdateGroup, apply_from_disk, apply_tensors, decode_tensors
+from rollout.weights import WeightsUpdateGroup, decode_tensors
 
 log = logging.getLogger("rollout.server")
 
@@ -250,9 +251,10 @@ def build_app(engine: Engine) -> FastAPI:
     async def resume_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> JSONResponse:
         return await memory(body, engine.resume_memory)
 
-    async def update(load, version: Optional[str], flush: bool, abort_all: bool = False) -> JSONResponse:
+    async def update(receive, strict: bool, version: Optional[str], flush: bool, abort_all: bool = False
+                     ) -> JSONResponse:
         try:
-            message = await asyncio.wrap_future(engine.update_weights(load, version, flush, abort_all))
+            message = await asyncio.wrap_future(engine.update_weights(receive, strict, version, flush, abort_all))
         except (ValueError, RuntimeError, OSError, KeyError) as err:
             return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
         if version is not None:
@@ -261,13 +263,13 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> JSONResponse:
-        return await update(lambda: apply_from_disk(engine.model, body.model_path), body.weight_version,
-                            body.flush_cache, body.abort_all_requests)
+        return await update(lambda: read_tensors(body.model_path), True, body.weight_version, body.flush_cache,
+                            body.abort_all_requests)
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(body: UpdateWeightsFromTensorRequest) -> JSONResponse:
         tensors = decode_tensors(body.serialized_named_tensors, body.load_format)
-        return await update(lambda: apply_tensors(engine.model, tensors), body.weight_version, body.flush_cache)
+        return await update(lambda: tensors, False, body.weight_version, body.flush_cache)
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
@@ -286,12 +288,8 @@ def build_app(engine: Engine) -> FastAPI:
         if group is None or group.group_name != body.group_name:
             return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
                                 status_code=400)
-        if "weights" in engine.released:  # refuse, but take rank 0's broadcast: the trainer must not hang in it
-            await asyncio.wrap_future(engine.call(lambda: group.receive(body.names, body.dtypes, body.shapes)))
-            return JSONResponse({"success": False, "message": "the weights are released (release_memory_occupation)"},
-                                status_code=400)
-        return await update(lambda: apply_tensors(engine.model, group.receive(body.names, body.dtypes, body.shapes)),
-                            body.weight_version, body.flush_cache)
+        return await update(lambda: group.receive(body.names, body.dtypes, body.shapes), False, body.weight_version,
+                            body.flush_cache)
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest) -> JSONResponse:

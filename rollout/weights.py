@@ -6,8 +6,9 @@
 - distributed: a torch.distributed group between the trainer (rank 0) and engines (rank_offset + i),
   gloo on CPU, NCCL on GPU; tensors arrive by broadcast from rank 0 in the announced order.
 
-All paths end in `asyncrl.model.io.load_weights`, which copies by HF name into existing parameters
-(shapes checked), so the model object, its KV cache and compiled state survive an update.
+All paths end in `Engine.update_weights` -> `asyncrl.model.io.load_weights`, which copies by HF name
+into existing parameters (shapes checked), so the model object, its KV cache and compiled state survive
+an update.
 
 `offload_weights` / `restore_weights` serve SGLang's release / resume_memory_occupation (tag `weights`):
 the weights go to a local checkpoint and their memory is freed, then come back exactly.
@@ -36,17 +37,6 @@ def decode_tensors(serialized: list[str], load_format: Optional[str]) -> dict[st
     return decode_named_tensors(serialized[0])
 
 
-def apply_from_disk(model, path: str) -> int:
-    tensors = read_tensors(path)
-    load_weights(model, tensors, strict=True)
-    return len(tensors)
-
-
-def apply_tensors(model, tensors: dict[str, torch.Tensor]) -> int:
-    load_weights(model, tensors, strict=False)
-    return len(tensors)
-
-
 def offload_weights(model, directory: Path) -> dict[str, torch.Size]:
     """Write the weights to `directory` (an HF checkpoint), then free every parameter's storage.
     -> the parameter shapes, for restore_weights."""
@@ -62,7 +52,9 @@ def restore_weights(model, directory: Path, shapes: dict[str, torch.Size]) -> in
     """Give the parameters their storage back and reload the weights offload_weights wrote."""
     for name, param in model.named_parameters():
         param.data = torch.empty(shapes[name], dtype=param.dtype)
-    return apply_from_disk(model, str(directory))
+    tensors = read_tensors(directory)
+    load_weights(model, tensors, strict=True)
+    return len(tensors)
 
 
 class WeightsUpdateGroup:

@@ -275,8 +275,8 @@ VERIFY_ROWS = 4
 
 
 def probe_names(tensors: Tensors) -> list[str]:
-    """The tensors a push reads back: the first, middle and last HF name (embeddings, a middle layer, the
-    last one or lm_head), so a transfer that stopped early or mixed tensors up shows."""
+    """The tensors a push reads back: the first, middle and last HF name in sorted order (lm_head, a middle
+    layer's, the final norm), so a transfer that stopped early or mixed tensors up shows."""
     names = sorted(tensors)
     return sorted({names[0], names[len(names) // 2], names[-1]})
 
