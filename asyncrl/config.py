@@ -27,8 +27,9 @@ class RedisConfig:
     """Embedded server only: redis' appendfsync. `everysec` (the default) may lose the last 1-2 s of
     acknowledged writes when redis-server itself is killed: it answers a write whose AOF append it
     postponed behind a running background fsync. `always` fsyncs before each reply, so every acknowledged
-    write survives, at a cost measured here (bench/results/redis_fsync.md): a lone writer 0.36 ms a write
-    instead of 0.13 ms; 32 concurrent writers 0.072 vs 0.066 ms a write."""
+    write survives, at a cost measured here (bench/results/redis_fsync.md): a lone writer 0.37 ms a write
+    instead of 0.15 ms; 32 concurrent writers 0.078 vs 0.069 ms a write; during an AOF rewrite p99 0.96
+    vs 0.22 ms."""
     data_dir: Optional[str] = None
     """Embedded server only: where the AOF lives; None = <run_dir>/redis."""
     retention_groups: int = 10_000
