@@ -2,7 +2,6 @@
 and retraction under memory pressure, against real engine processes."""
 
 import asyncio
-import socket
 
 import httpx
 import psutil
@@ -13,6 +12,7 @@ import torch.distributed as dist
 from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.io import read_tensors
 from tests.rollout.conftest import start_engine
+from tests.services import free_port
 
 PROMPT = [1006, 1008, 1011, 50, 60, 70, 1012]
 LONG = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 7}
@@ -174,18 +174,13 @@ async def test_tensor_update_equals_disk_update(client, tiny_checkpoint, tiny_ch
     await client.update_weights_from_disk(str(tiny_checkpoint), weight_version="23")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 async def test_distributed_gloo_broadcast_update(client, tiny_checkpoint, tiny_checkpoint_b):
     greedy = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
     await client.update_weights_from_disk(str(tiny_checkpoint_b), weight_version="30")
     target = await client.generate(PROMPT, greedy)
     await client.update_weights_from_disk(str(tiny_checkpoint), weight_version="31")
-    port = _free_port()
+    port = free_port()
     joining = asyncio.create_task(client.init_weights_update_group("127.0.0.1", port, 1, 2, "wg", "gloo"))
     await asyncio.to_thread(dist.init_process_group, "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=2)

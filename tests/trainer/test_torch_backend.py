@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.config import LossConfig, TrainerConfig
 from asyncrl.model.model import Glm5ForCausalLM
-from tests.services import ROOT
+from tests.services import ROOT, free_port
 from tests.trainer.conftest import SUBPROCESS_ENV
 from tests.trainer.helpers import make_group, policy_groups
 from trainer.advantages import score_group
@@ -192,7 +192,7 @@ def test_two_ranks_step_equals_one_rank(tiny_section, groups, tmp_path):
     results = [single.train_step(mbs, norm)]
     single.reset_optimizer()
     results.append(single.train_step(mbs, norm))
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.trainer.dp_worker", str(tmp_path)], cwd=ROOT,
                               env={**os.environ, **SUBPROCESS_ENV, "RANK": str(r), "LOCAL_RANK": str(r),
                                    "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -208,13 +208,6 @@ def test_two_ranks_step_equals_one_rank(tiny_section, groups, tmp_path):
     # Adam divides by |g|: float-order noise on near-zero gradients moves weights by << lr
     assert_same(weights(single), torch.load(tmp_path / "weights.pt"), atol=1e-4)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_dense_and_sparse_attention_give_the_same_step(tiny_section):
