@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
 from asyncrl.protocols.engine import GenerateItem, SamplingParams  # noqa: E402
 from rollout.engine import Engine, EngineArgs  # noqa: E402
 from rollout.request import Req  # noqa: E402
-from tests.services import ServiceProcess  # noqa: E402
+from tests.services import ServiceProcess, free_port  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 128)
 PROMPT_LEN = 24
@@ -171,9 +170,7 @@ async def weight_updates(url: str, checkpoint: Path, repeats: int = 5) -> dict:
             t = time.perf_counter()
             await client.update_weights_from_tensor(tensors, weight_version=f"t{i}")
             timings["tensor"].append(time.perf_counter() - t)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         joining = asyncio.create_task(client.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", "gloo"))
         await asyncio.to_thread(dist.init_process_group, "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=2)
