@@ -8,7 +8,9 @@ engine forgetting a slot. Rows hold no sequence state, so any slot can be reused
 
 Per token and layer: kv_lora_rank + qk_rope_head_dim latent values (576 for GLM-5.1, vs 32768 for
 the expanded keys and values transformers caches), plus index_head_dim indexer-key values on layers
-with their own ("full") indexer.
+with their own ("full") indexer. With `record_routing`, also the experts each MoE layer routed the token
+to (SGLang's --enable-return-routed-experts keeps the same per-slot table): what rollout routing replay
+(R3) hands the trainer, valid for as long as the slot holds the token, cached prefixes included.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from asyncrl.model.config import ModelConfig
 
 class KVCache:
     def __init__(self, config: ModelConfig, max_tokens: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", record_routing: bool = False):
         self.max_tokens = max_tokens
         self.latent = torch.zeros(config.num_hidden_layers, max_tokens, config.kv_cache_width, dtype=dtype,
                                   device=device)
@@ -29,6 +31,14 @@ class KVCache:
         self._index_row = {layer: row for row, layer in enumerate(full_layers)}
         self.index_keys = torch.zeros(len(full_layers), max_tokens, config.index_head_dim, dtype=dtype, device=device)
         """[full-indexer layers, max_tokens, index_head_dim]"""
+        self.routed_experts = (torch.full((max_tokens, config.num_hidden_layers, config.num_experts_per_tok), -1,
+                                          dtype=torch.int32, device=device) if record_routing else None)
+        """[max_tokens, layers, num_experts_per_tok] int32 expert ids, -1 on dense layers (record_routing only)."""
+
+    def record_routing(self, layer: int, slots: torch.Tensor, experts: torch.Tensor) -> None:
+        """Note the experts [N, k] a MoE layer chose for the tokens written to `slots` [N] (if recording)."""
+        if self.routed_experts is not None:
+            self.routed_experts[slots, layer] = experts.to(torch.int32)
 
     def index_keys_of(self, layer: int) -> torch.Tensor:
         """[max_tokens, index_head_dim] indexer keys of a layer that runs its own indexer."""
@@ -37,10 +47,5 @@ class KVCache:
     @property
     def bytes_per_token(self) -> int:
         per_token = self.latent.shape[0] * self.latent.shape[2] + self.index_keys.shape[0] * self.index_keys.shape[2]
-        return per_token * self.latent.element_size()
-
-    @classmethod
-    def for_budget(cls, config: ModelConfig, max_bytes: int, dtype: torch.dtype = torch.float32) -> "KVCache":
-        """The largest pool that fits in max_bytes (the engine's memory budget)."""
-        probe = cls(config, 1, dtype)
-        return cls(config, max(1, max_bytes // probe.bytes_per_token), dtype)
+        routing = self.routed_experts[0].numel() * self.routed_experts.element_size() if self.routed_experts is not None else 0
+        return per_token * self.latent.element_size() + routing

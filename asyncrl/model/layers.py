@@ -16,6 +16,7 @@ from asyncrl.model.norm import RMSNorm
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
+        self.layer_idx = layer_idx
         self.self_attn = MLA(config, layer_idx)
         dense = config.layer_mlp_types[layer_idx] == "dense"
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else MoE(config)
@@ -27,4 +28,10 @@ class DecoderLayer(nn.Module):
         """x [N, hidden] -> [N, hidden], and the attention's selection / indexer loss."""
         attn = self.self_attn(self.input_layernorm(x), ctx, shared)
         x = x + attn.out
-        return x + self.mlp(self.post_attention_layernorm(x)), attn
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, MLP):
+            return x + self.mlp(h), attn
+        out, experts = self.mlp(h)
+        if ctx.cache is not None:
+            ctx.cache.record_routing(self.layer_idx, ctx.batch.write_slots, experts)
+        return x + out, attn

@@ -125,8 +125,8 @@ class MoE(nn.Module):
         shared = config.moe_intermediate_size * config.n_shared_experts
         self.shared_experts = MLP(config.hidden_size, shared) if shared > 0 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, hidden] -> [N, hidden]."""
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> [N, hidden] and the routed expert ids [N, k] (what routing replay records)."""
         experts, weights = self.gate(x)
         out = self.experts(x, experts, weights)
-        return out + self.shared_experts(x) if self.shared_experts is not None else out
+        return (out + self.shared_experts(x) if self.shared_experts is not None else out), experts

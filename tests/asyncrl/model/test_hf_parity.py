@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.io import checkpoint_tensors, load_pretrained, save_pretrained
+from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.model import Glm5ForCausalLM
 
 TOLERANCE = 1e-5
@@ -64,3 +66,27 @@ def test_tensor_names_and_shapes_equal_transformers(parity_model, load_hf, tmp_p
     assert "model.layers.2.self_attn.indexer.wq_b.weight" not in ours  # the shared-indexer layer has none
     assert "model.layers.3.mlp.experts.7.gate_proj.weight" in ours
     assert "model.layers.3.mlp.gate.e_score_correction_bias" in ours
+
+
+def test_recorded_routing_equals_transformers_expert_choice(parity_model, load_hf, tmp_path):
+    """The experts a KVCache records per token and MoE layer (what the engine returns for routing replay)
+    are the ones transformers' router picks for the same tokens."""
+    save_pretrained(parity_model, tmp_path)
+    reference = load_hf(tmp_path)
+    theirs = {}
+    for i, layer in enumerate(reference.model.layers):
+        if hasattr(layer.mlp, "gate"):
+            layer.mlp.gate.register_forward_hook(lambda m, args, out, i=i: theirs.__setitem__(i, out[2]))
+    ids = _tokens(2, (1, 60))
+    cache = KVCache(parity_model.config, 60, record_routing=True)
+    batch = ForwardBatch(ids[0], torch.tensor([60]), torch.arange(60)[None], torch.tensor([60]))
+    with torch.no_grad():
+        reference(ids)
+        parity_model.forward_batch(batch, cache)
+    recorded = cache.routed_experts  # [60 slots, layers, k]
+    moe_layers = [i for i, kind in enumerate(parity_model.config.layer_mlp_types) if kind == "sparse"]
+    assert sorted(theirs) == moe_layers and moe_layers
+    for layer in moe_layers:
+        assert torch.equal(recorded[:, layer].sort(-1).values, theirs[layer].int().sort(-1).values), layer
+    assert (recorded[:, [i for i in range(recorded.shape[1]) if i not in moe_layers]] == -1).all()
+    assert len({tuple(row.tolist()) for row in recorded[:, moe_layers[0]]}) > 3  # routing varies by token

@@ -78,4 +78,6 @@ def test_moe_adds_the_shared_expert(parity_config):
         torch.nn.init.normal_(p, std=0.2)
     x = torch.randn(5, parity_config.hidden_size)
     ids, weights = moe.gate(x)
-    assert torch.allclose(moe(x), moe.experts(x, ids, weights) + moe.shared_experts(x), atol=1e-6)
+    out, routed = moe(x)
+    assert torch.allclose(out, moe.experts(x, ids, weights) + moe.shared_experts(x), atol=1e-6)
+    assert torch.equal(routed, ids)
