@@ -152,30 +152,36 @@ class EngineClient:
     # Generation --------------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: Optional[str] = None,
                        return_logprob: bool = True, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                       timeout_s: Optional[float] = None) -> GenerateResponse:
+                       return_routed_experts: bool = False, timeout_s: Optional[float] = None) -> GenerateResponse:
         if sampling_params.get("n", 1) != 1:
             raise ValueError("generate() returns one sample: use generate_samples() for n > 1")
         [out] = await self.generate_samples(input_ids, sampling_params, 1, rid=rid, return_logprob=return_logprob,
                                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                            timeout_s=timeout_s)
+                                            return_routed_experts=return_routed_experts, timeout_s=timeout_s)
         return out
 
     async def generate_samples(self, input_ids: list[int], sampling_params: dict[str, Any], n: int, *,
                                rid: Optional[str] = None, return_logprob: bool = True, logprob_start_len: int = -1,
-                               top_logprobs_num: int = 0, timeout_s: Optional[float] = None) -> list[GenerateResponse]:
-        """n samples of one prompt in one call (SGLang's n: the prompt is prefilled once)."""
+                               top_logprobs_num: int = 0, return_routed_experts: bool = False,
+                               timeout_s: Optional[float] = None) -> list[GenerateResponse]:
+        """n samples of one prompt in one call (SGLang's n: the prompt is prefilled once). With
+        return_routed_experts, decode each meta_info with asyncrl.protocols.engine.routed_experts."""
         body = {"input_ids": input_ids, "sampling_params": {**sampling_params, "n": n},
                 "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num, **({"rid": rid} if rid is not None else {})}
+                "top_logprobs_num": top_logprobs_num, **({"rid": rid} if rid is not None else {}),
+                **({"return_routed_experts": True} if return_routed_experts else {})}
         out = await self._json("POST", "/generate", body, timeout_s=timeout_s)
         return [GenerateResponse.model_validate(o) for o in (out if isinstance(out, list) else [out])]
 
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any], *,
-                              rid: Optional[str] = None, return_logprob: bool = True) -> AsyncIterator[GenerateResponse]:
+                              rid: Optional[str] = None, return_logprob: bool = True,
+                              return_routed_experts: bool = False) -> AsyncIterator[GenerateResponse]:
         """Cumulative snapshots until the request finishes, whichever streaming mode the engine runs
-        (SGLang's default cumulative events, or --incremental-streaming-output deltas)."""
+        (SGLang's default cumulative events, or --incremental-streaming-output deltas). Routed experts,
+        if asked, come with the last snapshot only."""
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
-                "stream": True, **({"rid": rid} if rid else {})}
+                "stream": True, **({"rid": rid} if rid else {}),
+                **({"return_routed_experts": True} if return_routed_experts else {})}
         async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
                                        headers={"content-type": "application/json"}) as response:
             if response.status_code >= 400:

@@ -65,6 +65,9 @@ class EngineArgs:
     """SGLang's: a stream gets an event at its first token, then every stream_interval tokens, and at the end."""
     incremental_streaming_output: bool = False
     """SGLang's: stream events carry only what is new since the request's previous event (default: all so far)."""
+    enable_return_routed_experts: bool = False
+    """SGLang's: record every token's routed experts (4 bytes x layers x top-k per KV slot) so that requests
+    may ask for them (return_routed_experts, for rollout routing replay)."""
 
 
 @dataclass
@@ -82,12 +85,13 @@ class Engine:
         self.tokenizer = _load_tokenizer(args)
         context = args.context_length or min(self.config.max_position_embeddings, args.max_total_tokens)
         self.context_length = context
-        self.cache: Optional[KVCache] = KVCache(self.config, args.max_total_tokens, dtype=self.model.dtype)
+        self.cache: Optional[KVCache] = self._new_cache()
         self.kv_bytes_per_token = self.cache.bytes_per_token
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context,
                             args.disable_radix_cache),
-            forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids))
+            forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids),
+            routed_experts=lambda slots: self.cache.routed_experts.index_select(0, slots))
         self.scheduler.weight_version = args.weight_version
         self.eos_ids = frozenset(self.config.eos_token_ids)
         self._rng = random.Random(args.random_seed)
@@ -155,6 +159,9 @@ class Engine:
             raise ValueError(f"top_logprobs_num must be in [0, {self.config.vocab_size}]")
         if item.sampling.min_new_tokens > item.sampling.max_new_tokens:
             raise ValueError("min_new_tokens must be <= max_new_tokens")
+        if item.return_routed_experts and not self.args.enable_return_routed_experts:
+            raise ValueError("return_routed_experts: the engine records routing only when started with "
+                             "--enable-return-routed-experts")
 
     # Control (each runs on the engine thread, between steps) --------------------------------
     def update_weights(self, receive: Callable[[], dict[str, torch.Tensor]], strict: bool, version: Optional[str],
@@ -219,12 +226,16 @@ class Engine:
             shutil.rmtree(self._weights_backup, ignore_errors=True)
             self._weights_backup = None
         if "kv_cache" in tags and "kv_cache" in self.released:
-            self.cache = KVCache(self.config, self.args.max_total_tokens, dtype=self.model.dtype)
+            self.cache = self._new_cache()
         self.released -= tags
         log.info("memory resumed: %s; still released: %s", sorted(tags), sorted(self.released))
         return f"Resumed {sorted(tags)}."
 
     # Engine thread ----------------------------------------------------------------------------
+    def _new_cache(self) -> KVCache:
+        return KVCache(self.config, self.args.max_total_tokens, dtype=self.model.dtype,
+                       record_routing=self.args.enable_return_routed_experts)
+
     def _forward(self, batch) -> torch.Tensor:
         with torch.inference_mode():
             return self.model.forward_batch(batch, self.cache)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
+import torch
 
 from asyncrl.protocols.engine import GenerateItem
 
@@ -39,6 +40,8 @@ class Req:
     cached_tokens: int = 0
     kv_generation: int = 0
     """Cache generation (bumped by weight updates with flush) its KV was computed under."""
+    routed_experts: Optional[torch.Tensor] = None
+    """int32 [tokens, layers, top_k] of the computed tokens (all but the last), set at finish if asked."""
     finish_reason: Optional[dict[str, Any]] = None
     matched_stop_text: Optional[str] = None
     created: float = field(default_factory=time.monotonic)

@@ -13,6 +13,7 @@ entries of Req's output lists, which only grow, so a snapshot never sees a half-
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any, Iterable, Optional
 
@@ -120,6 +121,9 @@ def response_body(req: Req, tokenizer: Tokenizer, current_version: str, view: Op
         meta["output_token_logprobs"], meta["input_token_logprobs"] = view.logprobs, input_part
         if item.top_logprobs_num > 0:
             meta["output_top_logprobs"], meta["input_top_logprobs"] = view.top_logprobs, input_top
+    if item.return_routed_experts and finish is not None:  # as SGLang: on the final body only
+        routed = req.routed_experts.numpy() if req.routed_experts is not None else b""
+        meta["routed_experts"] = base64.b64encode(routed).decode()  # int32 row-major, like SGLang's
     return {"output_ids": req.output_ids[:n], "meta_info": meta, "text": text}
 
 

@@ -121,7 +121,8 @@ def build_app(engine: Engine) -> FastAPI:
         items, samples = split_batch(body, new_rid), body.parallel_samples
         if samples > 1:  # as SGLang: prefill each prompt once, so that its n samples start from its cached KV
             prefixes = [run(item.model_copy(update={"rid": new_rid(), "sampling": SamplingParams(max_new_tokens=0),
-                                                    "stream": False, "return_logprob": False}))
+                                                    "stream": False, "return_logprob": False,
+                                                    "return_routed_experts": False}))
                         for item in items[::samples]]
             await asyncio.gather(*(until_finished(req, q, request) for req, q in prefixes))
         started = [run(item) for item in items]
@@ -370,6 +371,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
     p.add_argument("--served-model-name", default="asyncrl")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--stream-interval", type=int, default=1, help="streamed tokens per SSE event (first token: at once)")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="record each token's routed experts so requests may ask for them (SGLang's flag)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="stream events carry only the new tokens, text and log-probs (SGLang's flag)")
     p.add_argument("--url-file", help="write the bound URL here once serving")

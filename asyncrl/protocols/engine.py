@@ -10,8 +10,10 @@ split once, here, into single `GenerateItem`s; nothing downstream handles the si
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
@@ -87,7 +89,7 @@ class GenerateRequest(_Lenient):
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
         "input_embeds": _empty, "image_data": _empty, "video_data": _empty, "audio_data": _empty, "lora_path": _empty,
-        "return_hidden_states": _empty, "return_routed_experts": _empty, "token_ids_logprob": _empty,
+        "return_hidden_states": _empty, "token_ids_logprob": _empty,
         "custom_logit_processor": _empty}
 
     rid: Optional[Union[str, list[str]]] = None
@@ -98,6 +100,8 @@ class GenerateRequest(_Lenient):
     logprob_start_len: Union[int, list[int]] = -1
     top_logprobs_num: Union[int, list[int]] = 0
     return_text_in_logprobs: bool = False
+    return_routed_experts: Union[bool, list[bool]] = False
+    """meta_info.routed_experts of the finished request (server started with --enable-return-routed-experts)."""
     stream: bool = False
 
     @model_validator(mode="after")
@@ -138,6 +142,7 @@ class GenerateItem(BaseModel):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    return_routed_experts: bool = False
     stream: bool = False
 
 
@@ -176,6 +181,7 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
             logprob_start_len=pick(req.logprob_start_len, "logprob_start_len")[i],
             top_logprobs_num=pick(req.top_logprobs_num, "top_logprobs_num")[i],
             return_text_in_logprobs=req.return_text_in_logprobs,
+            return_routed_experts=pick(req.return_routed_experts, "return_routed_experts")[i],
             stream=req.stream,
         )
         for i in range(n)
@@ -230,6 +236,17 @@ class MetaInfo(BaseModel):
     output_token_logprobs: Optional[list[LogprobEntry]] = None
     input_top_logprobs: Optional[list[Optional[list[LogprobEntry]]]] = None
     output_top_logprobs: Optional[list[list[LogprobEntry]]] = None
+    routed_experts: Optional[str] = None
+    """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok] (see routed_experts())."""
+
+
+def routed_experts(meta: MetaInfo, num_layers: int, top_k: int) -> np.ndarray:
+    """SGLang's meta_info.routed_experts -> int32 [tokens, num_layers, top_k]: the experts each MoE layer sent
+    token t of prompt + output to (every token that went through a forward: all but the last output token).
+    This engine writes -1 on dense layers; SGLang leaves whatever its buffer holds there."""
+    if meta.routed_experts is None:
+        raise ValueError("the response has no routed_experts: ask with return_routed_experts=True")
+    return np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32).reshape(-1, num_layers, top_k)
 
 
 class GenerateResponse(BaseModel):

@@ -238,6 +238,8 @@ async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoin
     (b'{"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}', "repetition_penalty: not supported"),
     (b'{"input_ids": [1], "sampling_params": {"json_schema": "{}"}}', "json_schema: not supported"),
     (b'{"input_ids": [1], "lora_path": "adapter"}', "lora_path: not supported"),
+    (b'{"input_ids": [1, 2], "return_routed_experts": true}', "--enable-return-routed-experts"),
+    (b'{"input_ids": [[1], [2]], "return_routed_experts": [true]}', "'return_routed_experts' has 1 entries"),
 ])
 async def test_malformed_generate_is_a_400_naming_the_problem(engine, body, field):
     async with httpx.AsyncClient(timeout=30) as http:
