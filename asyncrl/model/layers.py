@@ -23,15 +23,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selections]
-                ) -> tuple[torch.Tensor, AttentionOutput]:
-        """x [N, hidden] -> [N, hidden], and the attention's selection / indexer loss."""
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selections],
+                replay: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, AttentionOutput]:
+        """x [N, hidden] -> [N, hidden], and the attention's selection / indexer loss.
+        replay [N, layers, k]: routing replay (R3), the experts every MoE layer must use (-1: its own choice)."""
         attn = self.self_attn(self.input_layernorm(x), ctx, shared)
         x = x + attn.out
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, MLP):
             return x + self.mlp(h), attn
-        out, experts = self.mlp(h)
+        out, experts = self.mlp(h, replay[:, self.layer_idx] if replay is not None else None)
         if ctx.cache is not None:
             ctx.cache.record_routing(self.layer_idx, ctx.batch.write_slots, experts)
         return x + out, attn

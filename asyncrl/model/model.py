@@ -54,17 +54,18 @@ class Glm5Model(nn.Module):
         self.rotary_emb = RotaryEmbedding(config)
         self.gradient_checkpointing = False
 
-    def forward(self, batch: ForwardBatch, cache: Optional[KVCache] = None, indexer_kl: bool = False
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """-> final hidden states [N, hidden] and the full layers' indexer losses (if asked)."""
+    def forward(self, batch: ForwardBatch, cache: Optional[KVCache] = None, indexer_kl: bool = False,
+                routed_experts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> final hidden states [N, hidden] and the full layers' indexer losses (if asked).
+        routed_experts [N, layers, k]: routing replay (DecoderLayer.forward)."""
         x = self.embed_tokens(batch.input_ids)
         ctx = AttentionContext(batch, self.rotary_emb(batch.positions), cache, indexer_kl)
         selection, losses = None, []
         for layer in self.layers:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x, attn = checkpoint(layer, x, ctx, selection, use_reentrant=False)
+                x, attn = checkpoint(layer, x, ctx, selection, routed_experts, use_reentrant=False)
             else:
-                x, attn = layer(x, ctx, selection)
+                x, attn = layer(x, ctx, selection, routed_experts)
             selection = attn.selection
             if attn.indexer_kl is not None:
                 losses.append(attn.indexer_kl)
@@ -136,15 +137,16 @@ class Glm5ForCausalLM(nn.Module):
     # Trainer -------------------------------------------------------------------------------------
     def token_logprobs(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, targets: torch.Tensor, *,
                        temperature: float = 1.0, with_entropy: bool = True, indexer_kl: bool = False,
-                       **batch_options) -> TokenLogprobs:
+                       routed_experts: Optional[torch.Tensor] = None, **batch_options) -> TokenLogprobs:
         """Teacher-forced log-probs of `targets` for packed sequences (no cross-sequence attention).
 
         input_ids, targets [N] (targets[n]: the token that follows position n; mask the last token of
         each sequence in the loss), cu_seqlens [B + 1]. Differentiable; logits are divided by
-        `temperature` (1.0 in RL) and taken in fp32.
+        `temperature` (1.0 in RL) and taken in fp32. routed_experts [N, layers, k]: rollout routing
+        replay (R3), the experts the engine routed each position to (rows of -1: the router decides).
         """
         batch = ForwardBatch.packed(input_ids, cu_seqlens, **batch_options)
-        hidden, losses = self.model(batch, indexer_kl=indexer_kl)
+        hidden, losses = self.model(batch, indexer_kl=indexer_kl, routed_experts=routed_experts)
         logp_all = (self.lm_head(hidden).float() / temperature).log_softmax(-1)  # [N, vocab]
         logprobs = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None

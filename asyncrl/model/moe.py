@@ -12,6 +12,8 @@ per-expert names (mlp.experts.{e}.{gate,up,down}_proj.weight), translated by sta
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,13 +44,19 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(config.n_routed_experts, config.hidden_size, dtype=torch.float32))
         self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, hidden] -> (expert ids [N, k] int64, weights [N, k] fp32)."""
+    def forward(self, x: torch.Tensor, replay: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> (expert ids [N, k] int64, weights [N, k] fp32).
+
+        replay [N, k]: routing replay (R3) uses these experts (rows of -1 route themselves); the weights
+        still come from this router's scores, so the router keeps its gradient."""
         scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [N, E]
         choice = scores + self.e_score_correction_bias
         if self.n_group > 1:
             choice = self._keep_best_groups(choice)
         experts = choice.topk(self.top_k, dim=-1).indices
+        if replay is not None:
+            replay = replay.to(experts.device, torch.int64)
+            experts = torch.where((replay >= 0).all(-1, keepdim=True), replay, experts)
         weights = scores.gather(1, experts)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
@@ -125,8 +133,9 @@ class MoE(nn.Module):
         shared = config.moe_intermediate_size * config.n_shared_experts
         self.shared_experts = MLP(config.hidden_size, shared) if shared > 0 else None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, hidden] -> [N, hidden] and the routed expert ids [N, k] (what routing replay records)."""
-        experts, weights = self.gate(x)
+    def forward(self, x: torch.Tensor, replay: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> [N, hidden] and the routed expert ids [N, k] (what routing replay records).
+        replay [N, k]: experts to use instead of the router's choice (Router.forward)."""
+        experts, weights = self.gate(x, replay)
         out = self.experts(x, experts, weights)
         return (out + self.shared_experts(x) if self.shared_experts is not None else out), experts

@@ -7,6 +7,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from asyncrl.model.batch import ForwardBatch
+from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.moe import Experts, MoE, Router
 
 
@@ -81,3 +83,41 @@ def test_moe_adds_the_shared_expert(parity_config):
     out, routed = moe(x)
     assert torch.allclose(out, moe.experts(x, ids, weights) + moe.shared_experts(x), atol=1e-6)
     assert torch.equal(routed, ids)
+
+
+def _recorded_routing(model, ids: torch.Tensor) -> torch.Tensor:
+    """The experts one cached prefill of `ids` routes each position to: [T, layers, k] (-1 on dense layers)."""
+    n = ids.numel()
+    cache = KVCache(model.config, n, record_routing=True)
+    with torch.no_grad():
+        model.forward_batch(ForwardBatch(ids, torch.tensor([n]), torch.arange(n)[None], torch.tensor([n])), cache)
+    return cache.routed_experts.clone()
+
+
+def test_routing_replay_of_the_models_own_routing_changes_nothing(parity_model):
+    """R3 with the routing the model would choose anyway: same log-probs and the same router gradient;
+    replaying other experts changes the log-probs, and the router still gets a gradient through its scores."""
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(3))
+    cu, targets = torch.tensor([0, 40]), torch.roll(ids, -1)
+    own = _recorded_routing(parity_model, ids)
+    router = parity_model.model.layers[1].mlp.gate.weight
+
+    def run(routed):
+        parity_model.zero_grad()
+        out = parity_model.token_logprobs(ids, cu, targets, routed_experts=routed)
+        out.logprobs.sum().backward()
+        return out.logprobs.detach(), router.grad.clone()
+
+    free_lp, free_grad = run(None)
+    own_lp, own_grad = run(own)
+    assert torch.equal(own_lp, free_lp) and torch.allclose(own_grad, free_grad, atol=1e-7)
+    unset_lp, _ = run(torch.full_like(own, -1))  # -1 rows: the router decides
+    assert torch.equal(unset_lp, free_lp)
+    moe_layers = own[0] >= 0
+    other = torch.where(moe_layers, (own + 1) % parity_model.config.n_routed_experts, own)
+    other_lp, other_grad = run(other)
+    assert (other_lp - free_lp).abs().max() > 1e-3 and other_grad.abs().sum() > 0
+    partly = other.clone()
+    partly[20:] = -1  # replay the first 20 positions only
+    partly_lp, _ = run(partly)
+    assert not torch.equal(partly_lp, free_lp) and not torch.equal(partly_lp, other_lp)
