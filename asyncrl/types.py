@@ -4,12 +4,14 @@ Encoding (documented contract, see docs/store.md): a Sample is one msgpack map. 
 arrays are packed little-endian bytes, not lists: tokens int32, loss_mask uint8, rollout_logprobs
 float32, weight_versions int32. A 4k-token sample is ~52 KB instead of ~150 KB of JSON floats, and
 decoding is a zero-copy `np.frombuffer`. `SCHEMA_VERSION` is bumped on any incompatible change.
+Routing replay adds an optional fifth array, `routed_experts` (int16 [tokens, layers x top_k]); samples
+without it encode exactly as before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import msgpack
 import numpy as np
@@ -26,6 +28,7 @@ _ARRAYS = {
     "rollout_logprobs": np.dtype("<f4"),
     "weight_versions": np.dtype("<i4"),
 }
+_ROUTING_DTYPE = np.dtype("<i2")  # expert ids: GLM-5 has 256 routed experts
 
 
 @dataclass
@@ -52,6 +55,9 @@ class Sample:
     engines: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    routed_experts: Optional[np.ndarray] = None
+    """Routing replay (R3): int16 [tokens, layers x top_k], row i the experts the engine's MoE layers sent
+    token i to (-1: unknown, e.g. the last token, which no forward saw); None when not recorded."""
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAYS.items():
@@ -60,6 +66,11 @@ class Sample:
         for name in ("loss_mask", "rollout_logprobs", "weight_versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, tokens {n}")
+        if self.routed_experts is not None:
+            self.routed_experts = np.ascontiguousarray(self.routed_experts, dtype=_ROUTING_DTYPE)
+            if self.routed_experts.ndim != 2 or len(self.routed_experts) != n:
+                raise ValueError(f"Sample {self.sample_id}: routed_experts has shape {self.routed_experts.shape}, "
+                                 f"expected [{n}, layers x top_k]")
         if self.status not in SAMPLE_STATUSES:
             raise ValueError(f"Sample {self.sample_id}: status {self.status!r} not in {SAMPLE_STATUSES}")
 
@@ -74,8 +85,11 @@ class Sample:
         return int(generated.min()) if generated.size else -1
 
     def encode(self) -> bytes:
-        payload = {k: v for k, v in self.__dict__.items() if k not in _ARRAYS}
+        payload = {k: v for k, v in self.__dict__.items() if k not in _ARRAYS and k != "routed_experts"}
         payload.update({k: getattr(self, k).tobytes() for k in _ARRAYS})
+        if self.routed_experts is not None:
+            payload["routed_experts"] = self.routed_experts.tobytes()
+            payload["routed_experts_width"] = self.routed_experts.shape[1]
         payload["v"] = SCHEMA_VERSION
         return msgpack.packb(payload, use_bin_type=True)
 
@@ -87,6 +101,9 @@ class Sample:
             raise ValueError(f"Sample schema version {version} (this build reads {SCHEMA_VERSION})")
         for name, dtype in _ARRAYS.items():
             payload[name] = np.frombuffer(payload[name], dtype=dtype)
+        if "routed_experts" in payload:
+            width = payload.pop("routed_experts_width")
+            payload["routed_experts"] = np.frombuffer(payload["routed_experts"], dtype=_ROUTING_DTYPE).reshape(-1, width)
         return cls(**payload)
 
 

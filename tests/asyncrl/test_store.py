@@ -35,6 +35,18 @@ def test_sample_roundtrip_is_exact_and_compact():
     assert back.first_weight_version == 3
 
 
+def test_sample_with_routed_experts_roundtrips_and_costs_2_bytes_an_entry():
+    plain = make_sample(2, n=100)
+    routing = np.random.default_rng(0).integers(-1, 256, (100, 6)).astype(np.int16)
+    routed = Sample(**{**plain.__dict__, "routed_experts": routing})
+    back = Sample.decode(routed.encode())
+    np.testing.assert_array_equal(back.routed_experts, routing)
+    assert len(routed.encode()) - len(plain.encode()) <= 100 * 6 * 2 + 64  # the bytes and two keys
+    assert Sample.decode(plain.encode()).routed_experts is None
+    with pytest.raises(ValueError, match="routed_experts has shape"):
+        Sample(**{**plain.__dict__, "routed_experts": routing[:99]})
+
+
 def test_sample_rejects_misaligned_arrays():
     with pytest.raises(ValueError, match="loss_mask has 3 entries, tokens 4"):
         Sample("s", "x", "g", "t", "e", "completed", 0.0, [1, 2, 3, 4], [0, 1, 1], [0] * 4, [0] * 4)
