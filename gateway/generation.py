@@ -12,6 +12,7 @@ Each call becomes one TurnRecord, so the record shows which engine produced whic
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import secrets
 import time
@@ -19,9 +20,10 @@ from contextlib import aclosing
 from typing import Any, AsyncIterator, Optional
 
 import httpx
+import numpy as np
 
 from asyncrl.engine_client import EngineError
-from asyncrl.protocols.engine import GenerateResponse
+from asyncrl.protocols.engine import GenerateResponse, MetaInfo
 from gateway.engines import EnginePool, EngineState
 from gateway.metrics import GatewayMetrics
 from gateway.session import EngineCall, Session, Turn
@@ -40,8 +42,9 @@ class EngineRequestError(ValueError):
     """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
 
 
-def engine_call(engine: str, response: GenerateResponse) -> EngineCall:
-    """Per-token facts of an engine response: ids, log-probs, integer weight versions."""
+def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> EngineCall:
+    """Per-token facts of an engine response to a prompt of `prompt_len` tokens: ids, log-probs, integer
+    weight versions, and the routed experts if the engine returned them."""
     meta = response.meta_info
     n = len(response.output_ids)
     logprobs = [float(entry[0]) for entry in (meta.output_token_logprobs or [])][:n]
@@ -51,8 +54,21 @@ def engine_call(engine: str, response: GenerateResponse) -> EngineCall:
     for span in meta.weight_versions:
         versions[span.start:span.end] = [_version(span.version)] * (min(span.end, n) - span.start)
     finish = meta.finish_reason or {"type": "abort"}
+    routing = _routing_rows(engine, meta, prompt_len + n - 1) if finish["type"] != "abort" else None
     return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
-                      meta.e2e_latency)
+                      meta.e2e_latency, routing)
+
+
+def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:
+    """meta_info.routed_experts (SGLang's base64 int32) -> [rows, layers x top_k]; None if the call has none.
+    Aborted calls are skipped by the caller: their rows stop where the abort caught the prefill, and the
+    call that continues them brings the routing of every token."""
+    if meta.routed_experts is None or rows <= 0:
+        return None
+    flat = np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32)
+    if flat.size % rows:
+        raise EngineRequestError(f"engine {engine} returned {flat.size} routed-expert ids for {rows} tokens")
+    return flat.reshape(rows, -1)
 
 
 def _version(value: str) -> int:
@@ -65,8 +81,10 @@ def _version(value: str) -> int:
 
 class TurnRunner:
     def __init__(self, pool: EnginePool, metrics: GatewayMetrics, max_interruptions: int = 8,
-                 interruption_backoff_s: float = 0.2, failover_rounds: int = 3) -> None:
+                 interruption_backoff_s: float = 0.2, failover_rounds: int = 3, routing_replay: bool = False) -> None:
         self.pool = pool
+        self.routing_replay = routing_replay
+        """Ask every engine call for its routed experts (engines need --enable-return-routed-experts)."""
         self.metrics = metrics
         self.max_interruptions = max_interruptions
         self.interruption_backoff_s = interruption_backoff_s
@@ -130,12 +148,15 @@ class TurnRunner:
         engine.requests += 1
         started = time.perf_counter()
         try:
+            routing = self.routing_replay
             if not stream:
-                yield engine_call(engine.url, await engine.client.generate(prompt, params, rid=rid)), True
+                response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing)
+                yield engine_call(engine.url, response, len(prompt)), True
                 return
-            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid)) as snapshots:
+            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid,
+                                                              return_routed_experts=routing)) as snapshots:
                 async for snapshot in snapshots:
-                    yield engine_call(engine.url, snapshot), snapshot.meta_info.finish_reason is not None
+                    yield engine_call(engine.url, snapshot, len(prompt)), snapshot.meta_info.finish_reason is not None
         finally:
             engine.in_flight -= 1
             session.in_flight.pop(rid, None)

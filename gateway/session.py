@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from asyncrl.chat_template import GlmChatTemplate, appended_messages
 from asyncrl.protocols.gateway import (CreateSessionRequest, SegmentRecord, SessionRecord, SessionStatus,
                                        TurnRecord)
@@ -46,6 +48,8 @@ class EngineCall:
     matched_stop: Any = None
     engine_latency_s: float = 0.0
     """The engine's own e2e_latency of the call (its queueing and compute, not HTTP)."""
+    routed_experts: Optional[np.ndarray] = None
+    """Routing replay: int32 [prompt + output - 1, layers x top_k] from the engine (None if not asked)."""
 
 
 @dataclass
@@ -60,6 +64,9 @@ class Segment:
     tools: Optional[list[dict[str, Any]]] = None
     num_turns: int = 0
     """Client turns (a turn continued after an interruption has several engine calls in `turns`)."""
+    routed_experts: Optional[np.ndarray] = None
+    """Routing replay: the last engine call's routing of the segment's tokens (that call's prompt and
+    output, all but the last token): the routing under which the latest tokens were generated."""
 
     def append(self, ids: Sequence[int], generated: Optional[EngineCall] = None) -> None:
         self.tokens += ids
@@ -76,6 +83,16 @@ class Segment:
     def engines(self) -> list[str]:
         """Engines that generated in this segment, in order of first use."""
         return list(dict.fromkeys(turn.engine for turn in self.turns))
+
+    def routing_rows(self) -> Optional[np.ndarray]:
+        """[tokens, layers x top_k]: routed_experts padded with -1 rows (tokens no recorded forward saw:
+        the last one; more if the last call brought no routing, e.g. a cut stream)."""
+        if self.routed_experts is None:
+            return None
+        rows = np.full((len(self.tokens), self.routed_experts.shape[1]), -1, dtype=np.int32)
+        known = min(len(self.routed_experts), len(self.tokens))
+        rows[:known] = self.routed_experts[:known]
+        return rows
 
     def record(self) -> SegmentRecord:
         return SegmentRecord(tokens=self.tokens, loss_mask=self.loss_mask, rollout_logprobs=self.logprobs,
@@ -188,6 +205,8 @@ class Session:
         for call in turn.calls:
             prompt_len = len(segment.tokens)
             segment.append(call.output_ids, call)
+            if call.routed_experts is not None:
+                segment.routed_experts = call.routed_experts
             segment.turns.append(TurnRecord(prompt_len=prompt_len, output_len=len(call.output_ids),
                                             engine=call.engine, finish_reason=call.finish_reason))
         if turn.new_messages is None or segment.messages is None or reply is None:

@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from asyncrl.engine_client import EngineClient
+from asyncrl.model.batch import ForwardBatch
+from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.io import load_pretrained
 from tests.services import ServiceProcess
 
@@ -35,6 +37,56 @@ def teacher_forced(model, prompt: list[int], output: list[int]) -> torch.Tensor:
     with torch.no_grad():
         out = model.token_logprobs(ids, torch.tensor([0, len(ids)]), torch.cat([ids[1:], ids[:1]]))
     return out.logprobs[len(prompt) - 1:len(ids) - 1]
+
+
+def recorded_routing(model, tokens: list[int]) -> torch.Tensor:
+    """The experts one cached prefill of `tokens` routes each of them to: int32 [T, layers, k], -1 on dense
+    layers (the engine's KVCache rows; the reference for routing replay)."""
+    n = len(tokens)
+    cache = KVCache(model.config, n, record_routing=True)
+    with torch.inference_mode():
+        model.forward_batch(ForwardBatch(torch.tensor(tokens), torch.tensor([n]), torch.arange(n)[None],
+                                         torch.tensor([n])), cache)
+    return cache.routed_experts.clone()
+
+
+NEAR_TIE = 1e-5
+"""Router choice values this close may rank either way (fp32 sums differ with the batch layout)."""
+
+
+def reference_routing(model, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """One prefill of `tokens` -> recorded experts [T, layers, k] and each MoE layer's masked router
+    choice values [T, experts] (to tell a near-tie from a wrong answer)."""
+    choices, hooks = {}, []
+    for i, layer in enumerate(model.model.layers):
+        if hasattr(layer.mlp, "gate"):
+            def keep(gate, args, out, i=i):
+                scores = torch.sigmoid(torch.nn.functional.linear(args[0].float(), gate.weight))
+                choices[i] = gate._keep_best_groups(scores + gate.e_score_correction_bias)
+            hooks.append(layer.mlp.gate.register_forward_hook(keep))
+    try:
+        return recorded_routing(model, tokens), choices
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def assert_routing_replays(model, tokens: list[int], got: torch.Tensor) -> int:
+    """Asserts that `got` [T, layers, k] (an engine's routing of `tokens`) is what a whole-sequence forward
+    routes them to, up to near-ties; -> how many (token, layer) rows were near-ties."""
+    config = model.config
+    assert got.shape[0] == len(tokens)
+    want, choices = reference_routing(model, tokens)
+    dense = [i for i, kind in enumerate(config.layer_mlp_types) if kind == "dense"]
+    assert (got[:, dense] == -1).all() and (got[:, list(choices)] >= 0).all()
+    ties = 0
+    for layer, choice in choices.items():
+        differs = (got[:, layer].sort(-1).values != want[:, layer].sort(-1).values).any(-1)
+        for t in differs.nonzero().flatten().tolist():  # the engine's pick must be as good as the best, within NEAR_TIE
+            best, picked = choice[t, want[t, layer].long()].sum(), choice[t, got[t, layer].long()].sum()
+            assert picked >= best - NEAR_TIE, (t, layer, got[t, layer].tolist(), want[t, layer].tolist())
+            ties += 1
+    return ties
 
 
 def argmax_continuation(model, prompt: list[int], steps: int) -> list[int]:

@@ -13,14 +13,8 @@ import pytest
 import torch
 
 from asyncrl.engine_client import EngineClient
-from asyncrl.model.batch import ForwardBatch
-from asyncrl.model.kv_cache import KVCache
 from asyncrl.protocols.engine import GenerateResponse, routed_experts
-from tests.rollout.conftest import start_engine
-
-NEAR_TIE = 1e-5
-"""Router choice values this close may rank either way (fp32 sums differ with the batch layout)."""
-
+from tests.rollout.conftest import assert_routing_replays, start_engine
 
 @pytest.fixture(scope="module")
 def routing_engine(tiny_checkpoint, tmp_path_factory):
@@ -30,45 +24,11 @@ def routing_engine(tiny_checkpoint, tmp_path_factory):
     assert proc.stop() == 0, proc.log()
 
 
-def reference_routing(model, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """One prefill of `tokens` -> recorded experts [T, layers, k] and each MoE layer's masked router
-    choice values [T, experts] (to tell a near-tie from a wrong answer)."""
-    choices, hooks = {}, []
-    for i, layer in enumerate(model.model.layers):
-        if hasattr(layer.mlp, "gate"):
-            def keep(gate, args, out, i=i):
-                choice = torch.sigmoid(torch.nn.functional.linear(args[0].float(), gate.weight)) + gate.e_score_correction_bias
-                choices[i] = gate._keep_best_groups(choice)
-            hooks.append(layer.mlp.gate.register_forward_hook(keep))
-    n = len(tokens)
-    cache = KVCache(model.config, n, record_routing=True)
-    try:
-        with torch.inference_mode():
-            model.forward_batch(ForwardBatch(torch.tensor(tokens), torch.tensor([n]), torch.arange(n)[None],
-                                             torch.tensor([n])), cache)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return cache.routed_experts.clone(), choices
-
-
 def check_routing(model, prompt: list[int], out: GenerateResponse) -> int:
-    """Asserts the response's routing equals the reference; -> how many (token, layer) rows were near-ties."""
+    """The response's routing against a whole-sequence forward; -> near-ties (assert_routing_replays)."""
     config = model.config
-    got = torch.from_numpy(routed_experts(out.meta_info, config.num_hidden_layers, config.num_experts_per_tok).copy())
-    tokens = (prompt + out.output_ids)[:-1]
-    assert got.shape[0] == len(tokens)
-    want, choices = reference_routing(model, tokens)
-    dense = [i for i, kind in enumerate(config.layer_mlp_types) if kind == "dense"]
-    assert (got[:, dense] == -1).all()
-    ties = 0
-    for layer, choice in choices.items():
-        differs = (got[:, layer].sort(-1).values != want[:, layer].sort(-1).values).any(-1)
-        for t in differs.nonzero().flatten().tolist():  # the engine's pick must be as good as the best, within NEAR_TIE
-            best, picked = choice[t, want[t, layer].long()].sum(), choice[t, got[t, layer].long()].sum()
-            assert picked >= best - NEAR_TIE, (t, layer, got[t, layer].tolist(), want[t, layer].tolist())
-            ties += 1
-    return ties
+    got = routed_experts(out.meta_info, config.num_hidden_layers, config.num_experts_per_tok)
+    return assert_routing_replays(model, (prompt + out.output_ids)[:-1], torch.from_numpy(got.copy()))
 
 
 async def test_routing_of_concurrent_requests_equals_a_whole_sequence_forward(routing_engine, reference_model):

@@ -8,10 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.io import checkpoint_tensors, load_pretrained, save_pretrained
-from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.model import Glm5ForCausalLM
+from tests.rollout.conftest import recorded_routing
 
 TOLERANCE = 1e-5
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
@@ -78,12 +77,9 @@ def test_recorded_routing_equals_transformers_expert_choice(parity_model, load_h
         if hasattr(layer.mlp, "gate"):
             layer.mlp.gate.register_forward_hook(lambda m, args, out, i=i: theirs.__setitem__(i, out[2]))
     ids = _tokens(2, (1, 60))
-    cache = KVCache(parity_model.config, 60, record_routing=True)
-    batch = ForwardBatch(ids[0], torch.tensor([60]), torch.arange(60)[None], torch.tensor([60]))
     with torch.no_grad():
         reference(ids)
-        parity_model.forward_batch(batch, cache)
-    recorded = cache.routed_experts  # [60 slots, layers, k]
+    recorded = recorded_routing(parity_model, ids[0].tolist())  # [60, layers, k]
     moe_layers = [i for i, kind in enumerate(parity_model.config.layer_mlp_types) if kind == "sparse"]
     assert sorted(theirs) == moe_layers and moe_layers
     for layer in moe_layers:

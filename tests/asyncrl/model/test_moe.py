@@ -7,9 +7,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from asyncrl.model.batch import ForwardBatch
-from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.moe import Experts, MoE, Router
+from tests.rollout.conftest import recorded_routing
 
 
 def _experts_one_by_one(experts: Experts, x, ids, weights):
@@ -85,21 +84,12 @@ def test_moe_adds_the_shared_expert(parity_config):
     assert torch.equal(routed, ids)
 
 
-def _recorded_routing(model, ids: torch.Tensor) -> torch.Tensor:
-    """The experts one cached prefill of `ids` routes each position to: [T, layers, k] (-1 on dense layers)."""
-    n = ids.numel()
-    cache = KVCache(model.config, n, record_routing=True)
-    with torch.no_grad():
-        model.forward_batch(ForwardBatch(ids, torch.tensor([n]), torch.arange(n)[None], torch.tensor([n])), cache)
-    return cache.routed_experts.clone()
-
-
 def test_routing_replay_of_the_models_own_routing_changes_nothing(parity_model):
     """R3 with the routing the model would choose anyway: same log-probs and the same router gradient;
     replaying other experts changes the log-probs, and the router still gets a gradient through its scores."""
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(3))
     cu, targets = torch.tensor([0, 40]), torch.roll(ids, -1)
-    own = _recorded_routing(parity_model, ids)
+    own = recorded_routing(parity_model, ids.tolist())
     router = parity_model.model.layers[1].mlp.gate.weight
 
     def run(routed):
