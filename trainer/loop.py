@@ -18,6 +18,7 @@ import numpy as np
 
 from trainer.backends.base import StepResult
 from trainer.data import StepBatch
+from trainer.packing import replayed_fraction
 from trainer.weight_push import PushReport
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport
         "reward_mean": float(np.mean([s.reward for s in trained])) if trained else 0.0,
         "staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
         "staleness_max": float(max(staleness, default=0)), "fill_ratio": batch.fill_ratio,
+        "routing_replayed": replayed_fraction(batch.micro_batches),
         "wait_s": wait_s, "train_s": train_s, "step_s": step_s,
         **{f"filter_{k}": v for k, v in vars(batch.stats).items()}, **result.metrics,
     }

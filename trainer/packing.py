@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,15 +39,18 @@ class MicroBatch:
     max_seqlen: int
     num_loss_tokens: int
     num_loss_sequences: int    # sequences with at least one loss token
+    routed_experts: Optional[Tensor] = None
+    """[T, layers x top_k] int16: the experts the engine routed each input position to (routing replay;
+    -1 rows: route anew). None when no sample of the batch carries routing."""
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> "MicroBatch":
-        tensors = {name: getattr(self, name).to(device, non_blocking=True) for name in
-                   ("input_ids", "cu_seqlens", "targets", "loss_mask", "rollout_logprobs", "advantages")}
-        return replace(self, **tensors)
+        names = ["input_ids", "cu_seqlens", "targets", "loss_mask", "rollout_logprobs", "advantages"]
+        names += ["routed_experts"] if self.routed_experts is not None else []
+        return replace(self, **{name: getattr(self, name).to(device, non_blocking=True) for name in names})
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -94,7 +97,23 @@ def to_micro_batch(items: Sequence[ScoredSample]) -> MicroBatch:
         max_seqlen=max(lengths, default=0),
         num_loss_tokens=int(sum(m.sum() for m in masks)),
         num_loss_sequences=sum(bool(m.any()) for m in masks),
+        routed_experts=_routed_inputs(items),
     )
+
+
+def _routed_inputs(items: Sequence[ScoredSample]) -> Optional[Tensor]:
+    """Routing rows of the input positions t[0..n-2] (the engine's rows: every token but the last), -1 rows
+    for a sample without routing; None if no sample has any."""
+    routed = [s.sample.routed_experts for s in items]
+    widths = {r.shape[1] for r in routed if r is not None}
+    if not widths:
+        return None
+    if len(widths) > 1:
+        raise ValueError(f"samples of one micro-batch have routed_experts of widths {sorted(widths)}")
+    width = widths.pop()
+    rows = [r[:-1] if r is not None else np.full((s.sample.num_tokens - 1, width), -1, np.int16)
+            for r, s in zip(routed, items)]
+    return torch.from_numpy(np.concatenate(rows))
 
 
 def pack(samples: Sequence[ScoredSample], micro_batch_tokens: int) -> list[MicroBatch]:
@@ -113,3 +132,10 @@ def fill_ratio(micro_batches: Sequence[MicroBatch], micro_batch_tokens: int) -> 
     if not micro_batches:
         return 0.0
     return sum(mb.num_tokens for mb in micro_batches) / (len(micro_batches) * micro_batch_tokens)
+
+
+def replayed_fraction(micro_batches: Sequence[MicroBatch]) -> float:
+    """Positions whose routing the step replays (routing replay on: ~1.0; off: 0.0)."""
+    total = sum(mb.num_tokens for mb in micro_batches)
+    replayed = sum(int((mb.routed_experts >= 0).any(-1).sum()) for mb in micro_batches if mb.routed_experts is not None)
+    return replayed / total if total else 0.0

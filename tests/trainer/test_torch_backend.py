@@ -7,11 +7,13 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from asyncrl.config import LossConfig, TrainerConfig
 from asyncrl.model.model import Glm5ForCausalLM
+from tests.rollout.conftest import recorded_routing
 from tests.services import ROOT, free_port
 from tests.trainer.conftest import SUBPROCESS_ENV
 from tests.trainer.helpers import make_group, policy_groups
@@ -219,3 +221,45 @@ def test_dense_and_sparse_attention_give_the_same_step(tiny_section):
     dense, sparse = backend(tiny_section), backend(tiny_section, dense_attention_up_to=0)
     assert dense.train_step(mbs, norm).loss == pytest.approx(sparse.train_step(mbs, norm).loss, rel=1e-5)
     assert_same(grads(dense), grads(sparse), atol=1e-6)
+
+
+def with_routing(sample, routing):
+    """The sample carrying `routing` [T - 1, layers, k] as the gateway stores it (flat rows, -1 last row)."""
+    rows = np.full((sample.num_tokens, routing.shape[1] * routing.shape[2]), -1, np.int16)
+    rows[:-1] = routing.flatten(1).numpy()
+    return replace(sample, routed_experts=rows)
+
+
+def test_routing_replay_trains_with_the_rollouts_experts(tiny_section, groups):
+    """R3: replaying the routing the model itself chooses is the plain step exactly; replaying other
+    experts (as an engine whose router drifted would report) changes the step, and a micro-batch mixing
+    samples with and without routing replays only the former."""
+    model = Glm5ForCausalLM.from_config(tiny_section.arch, seed=0)
+    own = [[with_routing(s, recorded_routing(model, s.tokens[:-1].tolist())) for s in g] for g in groups]
+    n_experts = tiny_section.arch.n_routed_experts
+    shifted = [[replace(s, routed_experts=np.where(s.routed_experts >= 0, (s.routed_experts + 1) % n_experts, -1))
+                for s in g] for g in own]
+    plain, replayed, other = backend(tiny_section), backend(tiny_section), backend(tiny_section)
+    mbs, norm = step_inputs(groups, 4096)
+    own_mbs, _ = step_inputs(own, 4096)
+    assert own_mbs[0].routed_experts is not None and mbs[0].routed_experts is None
+    torch.testing.assert_close(replayed.logprobs(own_mbs[0]), plain.logprobs(mbs[0]), atol=0, rtol=0)
+    r_plain, r_own = plain.train_step(mbs, norm), replayed.train_step(own_mbs, norm)
+    assert r_own.loss == pytest.approx(r_plain.loss, rel=1e-6)
+    assert_same(grads(plain), grads(replayed), atol=1e-7)
+    shifted_mb, free_mb = step_inputs(shifted, 4096)[0][0], step_inputs(groups, 4096)[0][0]
+    free_lp = other.logprobs(free_mb)  # `other` has not trained: the initial weights, as `shifted`'s routing
+    assert (other.logprobs(shifted_mb) - free_lp).abs().max() > 1e-3
+    mixed = [[g[0], replace(g[1], routed_experts=None)] for g in shifted]
+    mixed_mb = step_inputs(mixed, 4096)[0][0]
+    mixed_lp = other.logprobs(mixed_mb)
+
+    def rows(mb, sample_id):
+        i = mb.sample_ids.index(sample_id)
+        return slice(int(mb.cu_seqlens[i]), int(mb.cu_seqlens[i + 1]))
+
+    for g in mixed:  # without routing: -1 rows, routed anew; with: the shifted experts
+        unrouted, routed = rows(mixed_mb, g[1].sample_id), rows(mixed_mb, g[0].sample_id)
+        assert (mixed_mb.routed_experts[unrouted] == -1).all()
+        torch.testing.assert_close(mixed_lp[unrouted], free_lp[rows(free_mb, g[1].sample_id)], atol=0, rtol=0)
+        assert not torch.equal(mixed_lp[routed], free_lp[rows(free_mb, g[0].sample_id)])

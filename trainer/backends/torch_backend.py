@@ -111,7 +111,7 @@ class TorchBackend(TrainerBackend):
         train_indexer = not self.cfg.freeze_indexer
         with self._autocast():
             out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, indexer_kl=train_indexer,
-                                            attention_impl=self._attention_impl(mb))
+                                            routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
         old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                                 old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
@@ -120,6 +120,17 @@ class TorchBackend(TrainerBackend):
         (loss + self.cfg.indexer_kl_coef * indexer_kl).backward()
         return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)),
                             *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()
+
+    def _routing(self, mb: MicroBatch) -> Optional[Tensor]:
+        """The engine's routing of the micro-batch as [T, layers, top_k] (routing replay), or None."""
+        if mb.routed_experts is None:
+            return None
+        config = self.model.config
+        shape = (mb.num_tokens, config.num_hidden_layers, config.num_experts_per_tok)
+        if mb.routed_experts.shape[1] != shape[1] * shape[2]:
+            raise ValueError(f"routed_experts rows have {mb.routed_experts.shape[1]} entries; this model routes "
+                             f"{shape[1]} layers x {shape[2]} experts")
+        return mb.routed_experts.view(shape)
 
     def _attention_impl(self, mb: MicroBatch) -> str:
         dense = self.cfg.freeze_indexer and mb.max_seqlen <= self.cfg.dense_attention_up_to
@@ -144,7 +155,7 @@ class TorchBackend(TrainerBackend):
         mb = micro_batch.to(self.device)
         with self._autocast():
             out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, with_entropy=False,
-                                            attention_impl=self._attention_impl(mb))
+                                            routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
         return out.logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
