@@ -71,6 +71,11 @@ class RolloutConfig:
     """KV-cache budget in tokens; beyond it the scheduler retracts requests instead of failing."""
     chunked_prefill_size: int = 512
     """Prompt tokens prefilled per scheduler step (long prompts are split)."""
+    routing_replay: bool = False
+    """Rollout routing replay (R3): engines record which experts every token was routed to
+    (--enable-return-routed-experts), the gateway stores them with each sample, and the torch trainer's
+    forward uses them instead of routing anew, so the experts that produced the rollout's log-probs are
+    the ones trained. 2 bytes x MoE layers x top-k per token in Redis (GLM-5: 1.2 KB a token)."""
     incremental_streaming_output: bool = True
     """Engines stream only what is new in each event (SGLang's --incremental-streaming-output), so a long
     streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""
@@ -118,6 +123,9 @@ class GatewayConfig:
     """A finished session's record stays readable (GET) this long; its finish reply stays longer."""
     max_interruptions: int = 8
     """Engine aborts (e.g. weight updates with pause mode abort) a turn survives by continuing."""
+    routing_replay: bool = False
+    """Ask engines for each call's routed experts and store them with the samples. Set by the launcher
+    from rollout.routing_replay."""
 
 
 @dataclass

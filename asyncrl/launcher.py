@@ -121,6 +121,9 @@ class Job:
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
+        if cfg.rollout.routing_replay and cfg.trainer.backend != "torch":
+            raise ValueError(f"rollout.routing_replay: the {cfg.trainer.backend} trainer backend does not replay "
+                             "routing yet (the torch backend does); turn it off or use trainer.backend=torch")
         model_path = self._initial_weights()
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)
@@ -184,6 +187,7 @@ class Job:
                 "--engine-timeout-s", str(g.engine_timeout_s), "--health-interval-s", str(g.health_interval_s),
                 "--load-factor", str(g.load_factor), "--max-request-bytes", str(g.max_request_bytes)]
         args += ["--engines-from-redis"] + ([] if g.thinking else ["--no-thinking"])
+        args += ["--routing-replay"] if self.cfg.rollout.routing_replay else []
         for url in self.engines.urls():
             args += ["--engine", url]
         return self._service("gateway", self.cfg.components.gateway, args, _token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token))

@@ -39,7 +39,8 @@ class EngineBackend(ABC):
 
     def common_flags(self) -> list[str]:
         """Flags both servers spell the same way (the CPU engine mirrors SGLang's)."""
-        return ["--incremental-streaming-output"] if self.cfg.incremental_streaming_output else []
+        flags = ["--incremental-streaming-output"] if self.cfg.incremental_streaming_output else []
+        return flags + (["--enable-return-routed-experts"] if self.cfg.routing_replay else [])
 
     @abstractmethod
     def command(self, spec: LaunchSpec) -> list[str]:

@@ -77,10 +77,11 @@ def test_tiny_demo_learns_under_async_grpo(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_run_survives_env_engine_and_trainer_kills(tmp_path):
+    """With routing replay on (its flags reach the relaunched engine too)."""
     run_dir = tmp_path / "e2e_kill"
     proc = launch(run_dir, "e2e_kill", "total_steps=24", "warmup.steps=20", "trainer.groups_per_step=8",
                   "trainer.checkpoint_every=4", "orchestrator.heartbeat_timeout_s=4", "orchestrator.heartbeat_interval_s=1",
-                  "rollout.health_check_interval_s=1")
+                  "rollout.health_check_interval_s=1", "rollout.routing_replay=true")
     try:
         wait_step(proc, run_dir, 4)
         kill(run_dir / "services" / "env-arithmetic-0.pid")
@@ -96,6 +97,7 @@ def test_run_survives_env_engine_and_trainer_kills(tmp_path):
     records = records_after_run(run_dir, tmp_path)
     steps = [int(r["step"]) for r in records]
     assert steps[-1] == 24 and set(steps) == set(range(1, 25))  # steps after the last checkpoint were redone
+    assert min(r["routing_replayed"] for r in records) > 0.9  # every step trained on the engines' routing
     assert int((run_dir / "trainer.pid").read_text()) != trainer_pid  # a new trainer process finished the run
     engine_log = (run_dir / "engines" / "engine-0.log").read_text()
     assert engine_log.count("listening on") >= 2  # the engine was relaunched

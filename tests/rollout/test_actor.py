@@ -102,6 +102,10 @@ def test_cpu_backend_passes_extra_flags_the_server_understands(tmp_path):
     plain = make_backend(RolloutConfig(incremental_streaming_output=False)).command(
         LaunchSpec("/ckpt", "127.0.0.1", 0, "3", tmp_path / "log"))
     assert not parse_args(plain[3:])[0].incremental_streaming_output
+    assert not args.enable_return_routed_experts
+    replay = make_backend(RolloutConfig(routing_replay=True)).command(LaunchSpec("/ckpt", "127.0.0.1", 0, "3",
+                                                                                 tmp_path / "log"))
+    assert parse_args(replay[3:])[0].enable_return_routed_experts
 
 
 def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
@@ -113,7 +117,9 @@ def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
     for flag, value in [("--attention-backend", "dsa"), ("--dsa-topk-backend", "torch"), ("--weight-version", "3"),
                         ("--tp-size", "8")]:
         assert argv[argv.index(flag) + 1] == value
-    assert "--incremental-streaming-output" in argv
+    assert "--incremental-streaming-output" in argv and "--enable-return-routed-experts" not in argv
+    assert "--enable-return-routed-experts" in make_backend(RolloutConfig(backend="sglang", routing_replay=True)).command(
+        LaunchSpec("/ckpt", "0.0.0.0", 30000, "3", tmp_path / "log"))
     assert backend.environment() == {"SGLANG_DSA_FUSE_TOPK": "0"}
     with pytest.raises(RuntimeError, match="needs SGLang"):
         backend.check_available()
