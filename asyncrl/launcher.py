@@ -121,9 +121,6 @@ class Job:
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
-        if cfg.rollout.routing_replay and cfg.trainer.backend != "torch":
-            raise ValueError(f"rollout.routing_replay: the {cfg.trainer.backend} trainer backend does not replay "
-                             "routing yet (the torch backend does); turn it off or use trainer.backend=torch")
         model_path = self._initial_weights()
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)

@@ -1,16 +1,17 @@
 """Shared by the megatron backend tests and their torchrun worker: one step's micro-batches and the
 reference step on asyncrl's own torch model (what the torch backend computes: token_logprobs, the
-configured loss with the step normalizer, grad clipping, AdamW)."""
+configured loss with the step normalizer, grad clipping, AdamW), with or without routing replay."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from asyncrl.config import TrainerConfig
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.model import Glm5ForCausalLM
+from tests.rollout.conftest import recorded_routing
 from tests.trainer.helpers import make_sample
 from trainer.advantages import ScoredSample
 from trainer.losses import LossInputs, build_loss
@@ -36,6 +37,26 @@ def make_micro_batches(arch: ModelConfig, budget: int = 256) -> list[MicroBatch]
     return micro_batches
 
 
+def with_replayed_routing(micro_batches: list[MicroBatch], arch: ModelConfig) -> list[MicroBatch]:
+    """The micro-batches carrying routing for replay: the model's own experts shifted by one (so a replay
+    shows in the log-probs), except a stretch of -1 rows (no recorded routing: the router decides)."""
+    model = Glm5ForCausalLM.from_config(arch, seed=SEED)
+    routed = []
+    for mb in micro_batches:
+        own = torch.cat([recorded_routing(model, mb.input_ids[lo:hi].tolist())
+                         for lo, hi in zip(mb.cu_seqlens[:-1].tolist(), mb.cu_seqlens[1:].tolist())])
+        rows = torch.where(own >= 0, (own + 1) % arch.n_routed_experts, own)
+        rows[10:30] = -1
+        routed.append(replace(mb, routed_experts=rows.flatten(1).to(torch.int16)))
+    return routed
+
+
+def _replay(mb: MicroBatch, arch: ModelConfig):
+    if mb.routed_experts is None:
+        return None
+    return mb.routed_experts.view(mb.num_tokens, arch.num_hidden_layers, arch.num_experts_per_tok)
+
+
 def normalizer_of(micro_batches: list[MicroBatch]) -> int:
     return sum(mb.num_loss_tokens for mb in micro_batches)
 
@@ -58,7 +79,7 @@ def reference_step(arch: ModelConfig, cfg: TrainerConfig, micro_batches: list[Mi
     before = _logprobs(model, micro_batches)
     total = 0.0
     for mb in micro_batches:
-        out = model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets)
+        out = model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, routed_experts=_replay(mb, arch))
         loss, _ = loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                      entropy=out.entropy, cu_seqlens=mb.cu_seqlens, normalizer=normalizer))
         loss.backward()
@@ -70,4 +91,5 @@ def reference_step(arch: ModelConfig, cfg: TrainerConfig, micro_batches: list[Mi
 
 @torch.no_grad()
 def _logprobs(model: Glm5ForCausalLM, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
-    return [model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets).logprobs for mb in micro_batches]
+    return [model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets,
+                                 routed_experts=_replay(mb, model.config)).logprobs for mb in micro_batches]

@@ -15,7 +15,8 @@ import torch
 from asyncrl.config import TrainerConfig, load_model_section
 from asyncrl.model.io import checkpoint_tensors
 from asyncrl.model.model import Glm5ForCausalLM
-from tests.trainer.megatron_helpers import SEED, make_micro_batches, normalizer_of, reference_step
+from tests.trainer.megatron_helpers import (SEED, make_micro_batches, normalizer_of, reference_step,
+                                            with_replayed_routing)
 
 pytestmark = [
     pytest.mark.megatron,
@@ -81,6 +82,32 @@ def test_logprobs_match_the_torch_model(backend, micro_batches, reference):
         got = backend.logprobs(mb)
         assert got.shape == expected.shape
         assert (got - expected).abs().max() <= LOGPROB_ATOL
+
+
+@pytest.fixture(scope="module")
+def routed(section, micro_batches):
+    """Micro-batches with replayed routing (other experts than the router's, a stretch of unknown rows)
+    and the torch reference step replaying the same routing."""
+    routed = with_replayed_routing(micro_batches, section.arch)
+    return routed, reference_step(section.arch, CFG, routed)
+
+
+def test_replayed_routing_logprobs_match_the_torch_model(backend, routed, reference):
+    routed_batches, routed_reference = routed
+    for mb, expected, free in zip(routed_batches, routed_reference.logprobs_before, reference.logprobs_before):
+        assert (expected - free).abs().max() > 1e-2  # the replayed experts are not the router's
+        assert (backend.logprobs(mb) - expected).abs().max() <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed_activations"])
+def test_first_step_with_replayed_routing_matches_the_torch_reference(section, routed, recompute):
+    routed_batches, routed_reference = routed
+    backend = new_backend(section, replace(CFG, grad_checkpointing=recompute))
+    result = backend.train_step(routed_batches, normalizer_of(routed_batches))
+    assert result.loss == pytest.approx(routed_reference.loss, abs=1e-6)
+    assert result.grad_norm == pytest.approx(routed_reference.grad_norm, rel=1e-5)
+    for mb, after in zip(routed_batches, routed_reference.logprobs_after):
+        assert (backend.logprobs(mb) - after).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed_activations"])

@@ -1,7 +1,8 @@
 """megatron backend on 2 CPU processes (torchrun, gloo): tensor parallel 2 (with sequence parallelism)
-and expert parallel 2 give the single-process torch model's log-probs and first step.
+and expert parallel 2 give the single-process torch model's log-probs and first step, also when the
+micro-batches bring routing to replay (each TP rank replays its share of the sequence).
 
-Optional tier (`make test-megatron`); one torchrun runs both layouts (~1 min on 2 cores).
+Optional tier (`make test-megatron`); one torchrun runs all four (~15 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import TrainerConfig, load_model_section
-from tests.trainer.megatron_helpers import make_micro_batches, reference_step
+from tests.trainer.megatron_helpers import make_micro_batches, reference_step, with_replayed_routing
 
 pytestmark = [
     pytest.mark.megatron,
@@ -39,18 +40,21 @@ def measured(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference():
+def references():
     section = load_model_section("tiny")
-    micro_batches = make_micro_batches(section.arch)
-    return reference_step(section.arch, TrainerConfig(backend="megatron", lr=1e-3), micro_batches), micro_batches
+    plain = make_micro_batches(section.arch)
+    cfg = TrainerConfig(backend="megatron", lr=1e-3)
+    return {routed: (reference_step(section.arch, cfg, batches), batches)
+            for routed, batches in ((False, plain), (True, with_replayed_routing(plain, section.arch)))}
 
 
+@pytest.mark.parametrize("routed", [False, True], ids=["", "replayed_routing"])
 @pytest.mark.parametrize("layout", ["tp2", "ep2"])
-def test_parallel_layout_matches_single_process_torch_model(measured, reference, layout):
+def test_parallel_layout_matches_single_process_torch_model(measured, references, layout, routed):
     import torch
 
-    ref, micro_batches = reference
-    got = measured[layout]
+    ref, micro_batches = references[routed]
+    got = measured[layout + ("_replayed_routing" if routed else "")]
     for logprobs, expected in zip(got["logprobs"], ref.logprobs_before):
         assert (torch.tensor(logprobs) - expected).abs().max() <= 1e-5
     assert got["loss"] == pytest.approx(ref.loss, abs=1e-6)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ class MegatronBackend(TrainerBackend):
         self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
         self.compute_dtype = dtype_from_name(model.dtype)
         self.model = _wrap_ddp(self._build_model(hf))
+        self.routing = self._routing_replay()
         self.optimizer = self._new_optimizer()
         self.loss_fn = build_loss(cfg.loss)
 
@@ -73,6 +75,13 @@ class MegatronBackend(TrainerBackend):
             if INDEXER in name:  # frozen: no gradient, so DDP and the optimizer never see it
                 param.requires_grad_(False)
         return module
+
+    def _routing_replay(self):
+        from megatron.core import parallel_state as ps
+        from trainer.backends.megatron_routing import RoutingReplay
+
+        return RoutingReplay(self.model, self.arch, ps.get_tensor_model_parallel_rank(),
+                             ps.get_tensor_model_parallel_world_size())
 
     def _new_optimizer(self):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -150,22 +159,32 @@ class MegatronBackend(TrainerBackend):
 
     def _forward_backward(self, mb: MicroBatch, normalizer: int, weight: float) -> Tensor:
         """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
-        out = self._token_logprobs(mb, with_entropy=True)
-        mb = mb.to(self.device)
-        old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
-        loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
-                                                old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
-                                                normalizer=normalizer))
-        (loss * weight).backward()
+        with self._replaying(mb) as (forward, routing):
+            out = forward(True)
+            mb = mb.to(self.device)
+            old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
+            loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
+                                                    old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
+                                                    normalizer=normalizer))
+            routing.backward_phase()  # activation recomputation routes as the forward did
+            (loss * weight).backward()
         values = [loss.detach(), loss.new_tensor(float(mb.num_tokens)), *(getattr(metrics, f) for f in METRIC_FIELDS)]
         return torch.stack([v.to(loss.dtype) for v in values]).double() * weight
 
-    def _token_logprobs(self, mb: MicroBatch, with_entropy: bool):
+    @contextmanager
+    def _replaying(self, mb: MicroBatch):
+        """-> (forward(with_entropy) of the micro-batch, the routing replay it runs under: the
+        micro-batch's routing if it carries one)."""
         from megatron.core import parallel_state as ps
         from trainer.backends.megatron_logprobs import pack_for_megatron, token_logprobs
 
         packed = pack_for_megatron(mb, self.parallel.tensor, self.device)
-        return token_logprobs(self.model, packed, ps.get_tensor_model_parallel_group(), with_entropy)
+
+        def forward(with_entropy: bool):
+            return token_logprobs(self.model, packed, ps.get_tensor_model_parallel_group(), with_entropy)
+
+        with self.routing.replaying(self.routing.local_targets(mb, packed.input_ids.shape[1])) as routing:
+            yield forward, routing
 
     @torch.no_grad()
     def logprobs(self, micro_batch: MicroBatch) -> Tensor:
@@ -175,7 +194,8 @@ class MegatronBackend(TrainerBackend):
     @torch.no_grad()
     def _logprobs(self, micro_batch: MicroBatch) -> Tensor:
         self.model.eval()
-        return self._token_logprobs(micro_batch, with_entropy=False).logprobs.float().cpu()
+        with self._replaying(micro_batch) as (forward, _):
+            return forward(False).logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
         self._announce("reset_optimizer")

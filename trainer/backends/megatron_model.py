@@ -68,6 +68,7 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         moe_shared_expert_intermediate_size=arch.moe_intermediate_size * arch.n_shared_experts or None,
         moe_layer_freq=[1 if kind == "sparse" else 0 for kind in arch.layer_mlp_types],
         moe_router_topk=arch.num_experts_per_tok,
+        moe_enable_routing_replay=True,  # routers take replayed experts when a micro-batch brings them (R3)
         moe_router_score_function="sigmoid",
         moe_router_enable_expert_bias=True,
         moe_router_bias_update_rate=0.0,
