@@ -73,9 +73,9 @@ class RolloutConfig:
     """Prompt tokens prefilled per scheduler step (long prompts are split)."""
     routing_replay: bool = False
     """Rollout routing replay (R3): engines record which experts every token was routed to
-    (--enable-return-routed-experts), the gateway stores them with each sample, and the torch trainer's
+    (--enable-return-routed-experts), the gateway stores them with each sample, and the trainer's
     forward uses them instead of routing anew, so the experts that produced the rollout's log-probs are
-    the ones trained. 2 bytes x MoE layers x top-k per token in Redis (GLM-5: 1.2 KB a token)."""
+    the ones trained. 2 bytes x layers x top-k per token in Redis (GLM-5: 1.2 KB a token)."""
     incremental_streaming_output: bool = True
     """Engines stream only what is new in each event (SGLang's --incremental-streaming-output), so a long
     streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""

@@ -7,7 +7,9 @@ within index_topk (dense attention, no indexer ranking) and one beyond it (the i
 Times are process CPU seconds per step (one torch thread), median of 5 runs of 30 steps. `ops` counts the
 kernels a step dispatches (TorchDispatchMode): at small B the step costs about ops x dispatch overhead,
 whatever the arithmetic, which is why the engine cannot reach 5x transformers there (docs/engine.md).
-The breakdown splits a step beyond index_topk into the model's parts (timers around their calls).
+The breakdown splits a step beyond index_topk into the model's parts (timers around their calls). The
+last table is what recording routed experts (--enable-return-routed-experts, routing replay) costs: the
+same batch against two caches holding the same rows, one recording, timed in alternation.
 """
 
 from __future__ import annotations
@@ -79,6 +81,26 @@ def measure(model: Glm5ForCausalLM, batch: int, context: int, steps: int = 30, r
     return {"batch": batch, "context": context, "step_ms": ms, "tokens_per_s": batch / ms * 1e3, "ops": counter.count}
 
 
+def routing_overhead(model: Glm5ForCausalLM, batch: int, context: int, steps: int = 30, reps: int = 7) -> dict:
+    """ms per step with a plain cache and with one recording routed experts (median of alternating rounds)."""
+    step, plain = decode_batch(model, batch, context)
+    recording = KVCache(model.config, plain.max_tokens, record_routing=True)
+    recording.latent.copy_(plain.latent)
+    recording.index_keys.copy_(plain.index_keys)
+    times: dict[str, list[float]] = {"plain": [], "recording": []}
+    for _ in range(reps):
+        for name, cache in (("plain", plain), ("recording", recording)):
+            for _ in range(3):
+                model.forward_batch(step, cache)
+            start = time.process_time()
+            for _ in range(steps):
+                model.forward_batch(step, cache)
+            times[name].append((time.process_time() - start) / steps * 1e3)
+    plain_ms, recording_ms = statistics.median(times["plain"]), statistics.median(times["recording"])
+    return {"batch": batch, "context": context, "plain_ms": plain_ms, "recording_ms": recording_ms,
+            "ratio": recording_ms / plain_ms}
+
+
 def breakdown(model: Glm5ForCausalLM, batch: int, context: int, steps: int = 30) -> dict:
     """ms per step spent in each of PARTS, by timers wrapped around the instances' methods."""
     spent: dict[str, float] = dict.fromkeys(["indexer", "mla", "moe", "dense", "shared"], 0.0)
@@ -133,6 +155,10 @@ def markdown(result: dict) -> str:
     lines += [f"| {b['batch']} | {b['context']} | {b['step_ms']:.2f} | "
               + " | ".join(f"{b['parts_ms'][k]:.2f}" for k in PARTS) + " |" for b in result["breakdown"]]
     lines += [""] + [f"- {name}: {what}" for name, what in PARTS.items()]
+    lines += ["", "Recording routed experts (KVCache(record_routing=True), routing replay), median of 7 alternating "
+              "rounds:", "", "| batch | context | plain ms / step | recording ms / step | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['context']} | {r['plain_ms']:.2f} | {r['recording_ms']:.2f} | {r['ratio']:.3f} |"
+              for r in result["routing"]]
     return "\n".join(lines) + "\n"
 
 
@@ -151,6 +177,8 @@ def main() -> None:
                 print(result["steps"][-1], flush=True)
         result["breakdown"] = [breakdown(model, batch, CONTEXTS[-1]) for batch in (32, 128)]
         print(result["breakdown"], flush=True)
+        result["routing"] = [routing_overhead(model, batch, CONTEXTS[-1]) for batch in (1, 32, 128)]
+        print(result["routing"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_step.json").write_text(json.dumps(result, indent=2))
     (args.out / "decode_step.md").write_text(markdown(result))
