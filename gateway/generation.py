@@ -12,7 +12,6 @@ Each call becomes one TurnRecord, so the record shows which engine produced whic
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import secrets
 import time
@@ -23,7 +22,7 @@ import httpx
 import numpy as np
 
 from asyncrl.engine_client import EngineError
-from asyncrl.protocols.engine import GenerateResponse, MetaInfo
+from asyncrl.protocols.engine import GenerateResponse, MetaInfo, routed_experts
 from gateway.engines import EnginePool, EngineState
 from gateway.metrics import GatewayMetrics
 from gateway.session import EngineCall, Session, Turn
@@ -60,15 +59,15 @@ def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> Eng
 
 
 def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:
-    """meta_info.routed_experts (SGLang's base64 int32) -> [rows, layers x top_k]; None if the call has none.
-    Aborted calls are skipped by the caller: their rows stop where the abort caught the prefill, and the
-    call that continues them brings the routing of every token."""
+    """meta_info.routed_experts -> [rows, layers x top_k]; None if the call has none. Aborted calls are
+    skipped by the caller: their rows stop where the abort caught the prefill, and the call that
+    continues them brings the routing of every token."""
     if meta.routed_experts is None or rows <= 0:
         return None
-    flat = np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32)
-    if flat.size % rows:
-        raise EngineRequestError(f"engine {engine} returned {flat.size} routed-expert ids for {rows} tokens")
-    return flat.reshape(rows, -1)
+    try:
+        return routed_experts(meta, rows)
+    except ValueError as err:
+        raise EngineRequestError(f"engine {engine}: {err}") from None
 
 
 def _version(value: str) -> int:

@@ -47,5 +47,5 @@ class KVCache:
     @property
     def bytes_per_token(self) -> int:
         per_token = self.latent.shape[0] * self.latent.shape[2] + self.index_keys.shape[0] * self.index_keys.shape[2]
-        routing = self.routed_experts[0].numel() * self.routed_experts.element_size() if self.routed_experts is not None else 0
+        routing = self.routed_experts[0].nbytes if self.routed_experts is not None else 0
         return per_token * self.latent.element_size() + routing

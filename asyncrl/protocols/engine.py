@@ -240,13 +240,17 @@ class MetaInfo(BaseModel):
     """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok] (see routed_experts())."""
 
 
-def routed_experts(meta: MetaInfo, num_layers: int, top_k: int) -> np.ndarray:
-    """SGLang's meta_info.routed_experts -> int32 [tokens, num_layers, top_k]: the experts each MoE layer sent
-    token t of prompt + output to (every token that went through a forward: all but the last output token).
-    This engine writes -1 on dense layers; SGLang leaves whatever its buffer holds there."""
+def routed_experts(meta: MetaInfo, num_tokens: int) -> np.ndarray:
+    """SGLang's meta_info.routed_experts -> int32 [num_tokens, layers x top_k] (reshape to [.., layers, top_k]
+    with the model's sizes): the experts each MoE layer sent token t of prompt + output to, for the tokens
+    that went through a forward (a finished request: all but the last output token). This engine writes -1
+    on dense layers; SGLang leaves whatever its buffer holds there."""
     if meta.routed_experts is None:
         raise ValueError("the response has no routed_experts: ask with return_routed_experts=True")
-    return np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32).reshape(-1, num_layers, top_k)
+    flat = np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32)
+    if num_tokens <= 0 or flat.size % num_tokens:
+        raise ValueError(f"routed_experts holds {flat.size} expert ids: not a row per token for {num_tokens} tokens")
+    return flat.reshape(num_tokens, -1)
 
 
 class GenerateResponse(BaseModel):

@@ -27,8 +27,9 @@ def routing_engine(tiny_checkpoint, tmp_path_factory):
 def check_routing(model, prompt: list[int], out: GenerateResponse) -> int:
     """The response's routing against a whole-sequence forward; -> near-ties (assert_routing_replays)."""
     config = model.config
-    got = routed_experts(out.meta_info, config.num_hidden_layers, config.num_experts_per_tok)
-    return assert_routing_replays(model, (prompt + out.output_ids)[:-1], torch.from_numpy(got.copy()))
+    tokens = (prompt + out.output_ids)[:-1]
+    got = routed_experts(out.meta_info, len(tokens)).reshape(-1, config.num_hidden_layers, config.num_experts_per_tok)
+    return assert_routing_replays(model, tokens, torch.from_numpy(got.copy()))
 
 
 async def test_routing_of_concurrent_requests_equals_a_whole_sequence_forward(routing_engine, reference_model):
