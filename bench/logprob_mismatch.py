@@ -35,13 +35,14 @@ TOLERANCE = 1e-5
 
 @torch.no_grad()
 def sample_with_decode_logprobs(model: Glm5ForCausalLM, prompts: torch.Tensor, new_tokens: int, seed: int
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Temperature-1 sampling through the engine's path (prefill, then one cached decode step per token).
-    -> tokens [B, P + new] and the decode-path log-prob of every sampled token [B, new]."""
+    -> tokens [B, P + new], the decode-path log-prob of every sampled token [B, new], and the experts the
+    engine routed each token to [B, P + new, layers, top_k] (-1: dense layers, and the last token)."""
     generator = torch.Generator().manual_seed(seed)
     num_seqs, prompt_len = prompts.shape
     width = prompt_len + new_tokens
-    cache = KVCache(model.config, num_seqs * width)
+    cache = KVCache(model.config, num_seqs * width, record_routing=True)
     slots = torch.arange(num_seqs * width).view(num_seqs, width)  # [B, width]
     lens = torch.full((num_seqs,), prompt_len)
     batch = ForwardBatch(prompts.flatten(), lens.clone(), slots[:, :prompt_len], lens.clone(),
@@ -57,7 +58,7 @@ def sample_with_decode_logprobs(model: Glm5ForCausalLM, prompts: torch.Tensor, n
             lens += 1
             logits = model.forward_batch(ForwardBatch(token.flatten(), torch.ones_like(lens),
                                                       slots[:, : int(lens.max())], lens.clone()), cache)
-    return torch.cat(tokens, 1), torch.cat(logprobs, 1)
+    return torch.cat(tokens, 1), torch.cat(logprobs, 1), cache.routed_experts[slots]
 
 
 @torch.no_grad()
@@ -100,7 +101,7 @@ def main() -> None:
     config = tiny_config()
     model = Glm5ForCausalLM.from_config(config, seed=args.seed).eval()
     prompts = torch.randint(3, config.vocab_size, (args.seqs, args.prompt), generator=torch.Generator().manual_seed(1))
-    tokens, rollout = sample_with_decode_logprobs(model, prompts, args.length - args.prompt, args.seed)
+    tokens, rollout, _ = sample_with_decode_logprobs(model, prompts, args.length - args.prompt, args.seed)
     diff = teacher_forced(model, tokens, args.prompt) - rollout
     buckets = [b for b in (config.index_topk + 1, 256, 512, 1024, 1536, 2048, 4096) if b < args.length] + [args.length]
     trainer = LossConfig()
