@@ -1,10 +1,14 @@
 """Routing replay through the gateway: with --routing-replay it asks the engine for every call's routed
 experts and stores them with the samples, row t = the experts the engine sent token t to."""
 
+import base64
+
 import numpy as np
 import pytest
 import torch
 
+from asyncrl.protocols.engine import GenerateResponse
+from gateway.generation import EngineRequestError, engine_call
 from tests.gateway.conftest import GatewayClient, start_gateway
 from tests.rollout.conftest import assert_routing_replays, start_engine
 
@@ -53,3 +57,21 @@ async def test_samples_carry_the_engines_routing(routing_gateway, template, stor
     samples = await store.get_samples(refs)
     assert [s.num_turns for s in samples] == [2, 2] and all(len(s.tokens) > 20 for s in samples)
     assert sum(assert_sample_routing(reference_model, s) for s in samples) <= 2
+
+
+def _response(ids: int, finish: dict, routing: np.ndarray) -> GenerateResponse:
+    meta = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": ids, "cached_tokens": 0,
+            "weight_version": "0", "weight_versions": [{"version": "0", "start": 0, "end": ids}] if ids else [],
+            "e2e_latency": 0.0, "output_token_logprobs": [[-1.0, 7, None]] * ids,
+            "routed_experts": base64.b64encode(routing.astype(np.int32).tobytes()).decode()}
+    return GenerateResponse.model_validate({"output_ids": [7] * ids, "meta_info": meta, "text": ""})
+
+
+def test_engine_calls_keep_one_row_per_token_and_refuse_other_payloads():
+    rows = np.arange(4 * 6).reshape(4, 6)  # prompt 3 + output 2 - 1 rows, 6 ids a row
+    call = engine_call("e", _response(2, {"type": "length", "length": 2}, rows), prompt_len=3)
+    assert np.array_equal(call.routed_experts, rows)
+    aborted = engine_call("e", _response(2, {"type": "abort", "message": "x"}, rows[:2]), prompt_len=3)
+    assert aborted.routed_experts is None  # its rows stop where the abort caught it: the next call covers them
+    with pytest.raises(EngineRequestError, match="engine e: routed_experts holds 23 expert ids"):
+        engine_call("e", _response(2, {"type": "length", "length": 2}, rows.flatten()[:23]), prompt_len=3)
