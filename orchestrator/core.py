@@ -101,9 +101,10 @@ class Orchestrator:
             self._woken_at = None
             delay = self.dispatch_ready(trigger)
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):  # not wait_for: on Python 3.11 it can lose a cancellation
+                    await self._wake.wait()
                 trigger = self._woken_at or time.monotonic()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 trigger = time.monotonic()
 
     def dispatch_ready(self, trigger: float) -> Optional[float]:

@@ -86,8 +86,9 @@ class Runtime:
 async def _bounded(step: str, awaitable, timeout_s: float = 10.0) -> None:
     """Shutdown must end: a step that hangs is logged and skipped (what it left is recovered on restart)."""
     try:
-        await asyncio.wait_for(awaitable, timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):  # not wait_for: on Python 3.11 it can lose a cancellation
+            await awaitable
+    except TimeoutError:
         log.error("shutdown: %s took over %.0fs; skipped", step, timeout_s)
 
 

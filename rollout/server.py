@@ -143,9 +143,10 @@ def build_app(engine: Engine) -> FastAPI:
                             sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
         try:
             req, updates = run(item)
-            await asyncio.wait_for(until_finished(req, updates, request), timeout=20)
+            async with asyncio.timeout(20):
+                await until_finished(req, updates, request)
             return Response(status_code=200)
-        except (asyncio.TimeoutError, RuntimeError):
+        except (TimeoutError, RuntimeError):
             return Response(status_code=503)
 
     @app.get("/get_model_info")

@@ -194,12 +194,14 @@ async def _collect(proc: asyncio.subprocess.Process, stdin: Optional[bytes], *, 
     feeder = asyncio.create_task(_feed(proc, stdin)) if stdin is not None else None
     timed_out = False
     try:
-        await asyncio.wait_for(pump(), timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):  # not wait_for: on Python 3.11 it can lose a cancellation
+            await pump()
+    except TimeoutError:
         timed_out = True
         kill()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(pump(), 2.0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await pump()
     finally:
         if feeder is not None:
             feeder.cancel()
@@ -210,8 +212,9 @@ async def _reap(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> int:
     """The exit status. asyncio's wait() also waits for the output pipe to close, which a process the
     command left behind could hold open forever (possible in the unsafe sandbox): close it ourselves."""
     try:
-        return await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(grace_s):
+            return await asyncio.shield(proc.wait())
+    except TimeoutError:
         proc._transport.close()  # noqa: SLF001 - no public way to drop a subprocess's pipes
         return await proc.wait()
 

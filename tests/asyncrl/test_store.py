@@ -1,3 +1,5 @@
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,26 @@ async def test_claims_take_only_other_consumers_entries_and_exclude_skips_held_o
     other = await store.read_groups("b", count=5, claim_idle_ms=0, block_ms=10)
     assert [g.record.group_id for g in other] == ["g0", "g1", "g2"]
     await store.close()
+
+
+async def test_a_task_cancelled_amid_store_calls_always_stops(redis_server, run_name):
+    """redis-py's default 5 s socket timeout runs every send through asyncio.wait_for, which on Python 3.11
+    can return normally when the cancellation lands as the send completes: 218 of 300 cancelled tasks kept
+    running before Store dropped it. The trainer's stop path (and test_data's cancel test) hung on that."""
+    store = Store.connect(redis_server.url, run_name)
+    rng = np.random.default_rng(0)
+
+    async def reading_forever():
+        while True:
+            await store.engines()
+
+    try:
+        for i in range(400):
+            task = asyncio.create_task(reading_forever())
+            await asyncio.sleep(float(rng.random()) * 0.003)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=2)
+            assert done, f"cancellation {i} was lost: the task kept running"
+    finally:
+        task.cancel()
+        await store.close()
