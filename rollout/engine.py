@@ -91,7 +91,7 @@ class Engine:
             SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context,
                             args.disable_radix_cache),
             forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids),
-            routed_experts=lambda slots: self.cache.routed_experts.index_select(0, slots))
+            read_routing=lambda slots: self.cache.routed_experts.index_select(0, slots))
         self.scheduler.weight_version = args.weight_version
         self.eos_ids = frozenset(self.config.eos_token_ids)
         self._rng = random.Random(args.random_seed)

@@ -61,12 +61,12 @@ class _Extend:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, forward: Callable[[ForwardBatch], torch.Tensor],
                  decode_text: Callable[[list[int]], str],
-                 routed_experts: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
-        """routed_experts: slots -> the experts their tokens were routed to (read for return_routed_experts)."""
+                 read_routing: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+        """read_routing: slots -> the experts their tokens were routed to (for return_routed_experts)."""
         self.config = config
         self.forward = forward
         self.decode_text = decode_text
-        self.routed_experts = routed_experts
+        self.read_routing = read_routing
         self.pool = TokenPool(config.max_total_tokens)
         self.cache = RadixCache(self.pool.free)
         self.generation = 0
@@ -307,7 +307,7 @@ class Scheduler:
         self.running.remove(req)
         if finished and req.item.return_routed_experts:  # read before the slots are freed or reused
             computed = min(req.num_computed, req.all_len - 1)
-            req.routed_experts = self.routed_experts(self._req_to_slot[req.row, :computed])
+            req.routed_experts = self.read_routing(self._req_to_slot[req.row, :computed])
         slots = self._req_to_slot[req.row, :req.num_computed].numpy().copy()
         if req.kv_generation == self.generation and req.num_computed > 0 and not self.config.disable_radix_cache:
             # tokens [0, already) were cached before: the prefix's own slots, or duplicates to free
