@@ -49,10 +49,7 @@ class Router(nn.Module):
 
         replay [N, k]: routing replay (R3) uses these experts (rows of -1 route themselves); the weights
         still come from this router's scores, so the router keeps its gradient."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [N, E]
-        choice = scores + self.e_score_correction_bias
-        if self.n_group > 1:
-            choice = self._keep_best_groups(choice)
+        scores, choice = self.scores(x)
         experts = choice.topk(self.top_k, dim=-1).indices
         if replay is not None:
             replay = replay.to(experts.device, torch.int64)
@@ -61,6 +58,13 @@ class Router(nn.Module):
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return experts, weights * self.scaling
+
+    def scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> fp32 sigmoid scores [N, E] (the weights) and the choice values [N, E] the top-k
+        ranks: scores + expert bias, -inf outside the kept groups."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias
+        return scores, self._keep_best_groups(choice) if self.n_group > 1 else choice
 
     def _keep_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """Mask (-inf) the experts outside the topk_group groups with the best top-2 sums."""

@@ -61,8 +61,7 @@ def reference_routing(model, tokens: list[int]) -> tuple[torch.Tensor, dict[int,
     for i, layer in enumerate(model.model.layers):
         if hasattr(layer.mlp, "gate"):
             def keep(gate, args, out, i=i):
-                scores = torch.sigmoid(torch.nn.functional.linear(args[0].float(), gate.weight))
-                choices[i] = gate._keep_best_groups(scores + gate.e_score_correction_bias)
+                choices[i] = gate.scores(args[0])[1]
             hooks.append(layer.mlp.gate.register_forward_hook(keep))
     try:
         return recorded_routing(model, tokens), choices
