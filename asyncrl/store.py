@@ -52,8 +52,9 @@ class Store:
 
         No socket timeout (redis-py's default is 5 s): redis-py bounds every send with asyncio.wait_for,
         which on Python 3.11 returns normally when a cancellation arrives as the send completes, so a
-        cancelled task kept running (measured: 218 of 300 tasks cancelled amid GETs). A dead server still
-        fails at once (connection refused or reset); a hung one makes calls wait (docs/store.md)."""
+        cancelled task kept running (189 of 300 tasks cancelled amid reads: bench/redis_cancellation.py).
+        A dead server still fails at once (connection refused or reset); a hung one makes calls wait
+        (docs/store.md)."""
         pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=60,
                                                         socket_timeout=None)
         return cls(aioredis.Redis(connection_pool=pool), run, retention_groups)

@@ -139,7 +139,7 @@ async def test_claims_take_only_other_consumers_entries_and_exclude_skips_held_o
 
 async def test_a_task_cancelled_amid_store_calls_always_stops(redis_server, run_name):
     """redis-py's default 5 s socket timeout runs every send through asyncio.wait_for, which on Python 3.11
-    can return normally when the cancellation lands as the send completes: 218 of 300 cancelled tasks kept
+    can return normally when the cancellation lands as the send completes: 189 of 300 cancelled tasks kept
     running before Store dropped it. The trainer's stop path (and test_data's cancel test) hung on that."""
     store = Store.connect(redis_server.url, run_name)
     rng = np.random.default_rng(0)
