@@ -18,12 +18,16 @@ from typing import Any, Awaitable, Container, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from asyncrl.types import GroupRecord, Sample, TrainingGroup
 
 T = TypeVar("T")
 
 TRAINER_GROUP = "trainer"
+COMMAND_TIMEOUT_S = 30.0
+"""How long one Redis command may take before it fails with redis.exceptions.TimeoutError. Generous: the
+largest calls (a step's samples in one pipeline) take well under a second, blocking reads ask for 1 s."""
 
 
 def run_sync(coro: Awaitable[T]) -> T:
@@ -37,6 +41,26 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class BoundedConnection(aioredis.Connection):
+    """redis-py's connection with its send bounded by asyncio.timeout instead of asyncio.wait_for.
+
+    With a socket timeout, redis-py bounds each send with asyncio.wait_for, which on Python 3.11 returns
+    normally when a cancellation arrives as the send completes: the cancelled task keeps running (189 of
+    300 cancellations lost: bench/redis_cancellation.py). Its reads already use asyncio.timeout, which
+    does not lose them. A connection serves one command at a time, so the send can run with the socket
+    timeout cleared and bounded here instead."""
+
+    async def send_packed_command(self, command, check_health: bool = True) -> None:
+        timeout, self.socket_timeout = self.socket_timeout, None
+        try:
+            async with asyncio.timeout(timeout):
+                await super().send_packed_command(command, check_health)
+        except TimeoutError:  # asyncio's; redis-py has disconnected on the cancellation it raised
+            raise redis.exceptions.TimeoutError(f"sending a command to Redis took over {timeout} s") from None
+        finally:
+            self.socket_timeout = timeout
+
+
 class Store:
     """Typed access to one run's keys. Construct with `Store.connect(url, run)`."""
 
@@ -46,17 +70,15 @@ class Store:
         self.retention_groups = retention_groups
 
     @classmethod
-    def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64) -> "Store":
+    def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64,
+                command_timeout_s: float = COMMAND_TIMEOUT_S) -> "Store":
         """A blocking pool: beyond `max_connections` concurrent commands wait for a connection
         (redis-py's default pool raises MaxConnectionsError past 100, e.g. 1,000 sessions finishing).
-
-        No socket timeout (redis-py's default is 5 s): redis-py bounds every send with asyncio.wait_for,
-        which on Python 3.11 returns normally when a cancellation arrives as the send completes, so a
-        cancelled task kept running (189 of 300 tasks cancelled amid reads: bench/redis_cancellation.py).
-        A dead server still fails at once (connection refused or reset); a hung one makes calls wait
-        (docs/store.md)."""
+        Every command fails after `command_timeout_s`, so a hung (stopped, not dead) Redis surfaces as
+        an error instead of a wait without end; see BoundedConnection for why not redis-py's own."""
         pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=60,
-                                                        socket_timeout=None)
+                                                        connection_class=BoundedConnection,
+                                                        socket_timeout=command_timeout_s)
         return cls(aioredis.Redis(connection_pool=pool), run, retention_groups)
 
     async def close(self) -> None:

@@ -3,9 +3,11 @@
     python bench/redis_cancellation.py      # writes bench/results/redis_cancellation.{json,md}
 
 A task loops on one Store read (HGETALL); after 0-3 ms it is cancelled and given 0.5 s to stop. One that
-is still running has lost its cancellation; it is cancelled again until it stops. redis-py's default
-socket timeout (5 s) bounds each send with asyncio.wait_for, which on Python 3.11 returns normally when
-the cancellation lands as the send completes; Store.connect sets no socket timeout (docs/store.md).
+is still running has lost its cancellation; it is cancelled again until it stops. redis-py's socket
+timeout (5 s by default) bounds each send with asyncio.wait_for, which on Python 3.11 returns normally when
+the cancellation lands as the send completes. Three clients: redis-py's connection with its default, the
+same without a socket timeout, and Store.connect, whose BoundedConnection bounds the send with
+asyncio.timeout instead (docs/store.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
 from asyncrl.store import Store  # noqa: E402
 
-CLIENTS = {"redis-py default (socket_timeout 5 s)": {}, "Store.connect (no socket timeout)": None}
+CLIENTS = {"redis-py Connection, default socket_timeout 5 s": {},
+           "redis-py Connection, no socket timeout": {"socket_timeout": None},
+           "Store.connect: BoundedConnection, 30 s command timeout": None}
 
 
 async def lost_cancellations(store: Store, tries: int) -> dict:

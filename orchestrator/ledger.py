@@ -8,6 +8,7 @@ Keys (prefix `asyncrl:{run}:`):
 | `orch:heartbeats` | hash | env_id -> unix time of the last heartbeat / successful probe |
 | `orch:groups` | hash | group_id -> the open group with every member's state (msgpack) |
 | `orch:meta` | hash | group ordinal, per-env task cursors, counters |
+| `orch:batch` | string | id of the last batch applied (a retried batch is applied once) |
 | `groups` | stream | the trainer's stream: one GroupRecord per complete group |
 
 The dispatch loop changes groups in memory and marks them dirty; a writer task snapshots everything
@@ -22,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from asyncrl.store import Store
 from orchestrator.groups import Group
@@ -169,16 +171,37 @@ class Ledger:
         pipe.hset(self.key("meta"), mapping=meta)
 
     async def _execute(self, queue_batch: Callable) -> None:
-        """Retry until Redis takes the batch: accepted work is never dropped."""
-        attempt = 0
+        """Retry until Redis takes the batch: accepted work is never dropped, nor written twice."""
+        batch_id, attempt = uuid.uuid4().hex, 0
         while True:
-            pipe = self.redis.pipeline(transaction=True)
-            queue_batch(pipe)
             try:
-                await pipe.execute()
+                await self._apply_once(queue_batch, batch_id)
                 return
             except (RedisError, OSError) as err:
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("writing orchestrator state to Redis failed (%r); retrying in %.1fs", err, delay)
                 await asyncio.sleep(delay)
                 attempt += 1
+
+    async def _apply_once(self, queue_batch: Callable, batch_id: str) -> None:
+        """One MULTI/EXEC that also sets `orch:batch` to `batch_id`, under WATCH of that key.
+
+        A failed attempt may still have been applied (the connection dropped after Redis ran it, or a
+        hung Redis ran it after the command timed out); a retry that appended the records again would
+        train those groups twice. So each attempt first reads the marker (already `batch_id`: done), and
+        WATCH makes a transaction that reaches Redis after another attempt's, sent earlier but run later,
+        abort instead of applying twice."""
+        marker = self.key("batch")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                await pipe.watch(marker)
+                if _s(await pipe.get(marker) or b"") == batch_id:
+                    return
+                pipe.multi()
+                queue_batch(pipe)
+                pipe.set(marker, batch_id)
+                try:
+                    await pipe.execute()
+                    return
+                except WatchError:  # another attempt of this batch got there first: the marker says so
+                    continue

@@ -1,7 +1,11 @@
 import asyncio
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
+import redis.exceptions
 
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
@@ -138,9 +142,10 @@ async def test_claims_take_only_other_consumers_entries_and_exclude_skips_held_o
 
 
 async def test_a_task_cancelled_amid_store_calls_always_stops(redis_server, run_name):
-    """redis-py's default 5 s socket timeout runs every send through asyncio.wait_for, which on Python 3.11
-    can return normally when the cancellation lands as the send completes: 189 of 300 cancelled tasks kept
-    running before Store dropped it. The trainer's stop path (and test_data's cancel test) hung on that."""
+    """redis-py's socket timeout runs every send through asyncio.wait_for, which on Python 3.11 can return
+    normally when the cancellation lands as the send completes: 189 of 300 cancelled tasks kept running
+    with redis-py's connection. The trainer's stop path (and test_data's cancel test) hung on that; Store's
+    BoundedConnection bounds the send with asyncio.timeout instead."""
     store = Store.connect(redis_server.url, run_name)
     rng = np.random.default_rng(0)
 
@@ -158,3 +163,29 @@ async def test_a_task_cancelled_amid_store_calls_always_stops(redis_server, run_
     finally:
         task.cancel()
         await store.close()
+
+
+async def test_a_hung_redis_fails_calls_after_the_command_timeout_and_they_work_once_it_answers(tmp_path, run_name):
+    """SIGSTOP: the server keeps its sockets open and answers nothing, unlike a dead one (refused / reset).
+    A 32 MB write on an open connection fills the socket buffers and waits in the send (bounded by
+    BoundedConnection); a read on a new connection waits on the reply (redis-py's read timeout)."""
+    server = EmbeddedRedis(tmp_path / "r", aof=False).start()
+    store = Store.connect(server.url, run_name, command_timeout_s=0.5)
+    try:
+        await store.set_weights(1, "/ckpt/1")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            for call, waits_in in ((store.redis.set(store.key("big"), b"x" * (32 << 20)), "sending"),
+                                   (store.get_weights(), "reading")):
+                started = time.monotonic()
+                with pytest.raises(redis.exceptions.TimeoutError, match=waits_in):
+                    await call
+                assert 0.4 < time.monotonic() - started < 3.0
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert (await store.get_weights())["version"] == "1"
+        await store.set_weights(2, "/ckpt/2")
+        assert (await store.get_weights())["version"] == "2"
+    finally:
+        await store.close()
+        server.stop()
