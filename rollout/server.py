@@ -284,21 +284,26 @@ def build_app(engine: Engine) -> FastAPI:
             return JSONResponse({"success": False, "message": str(err)}, status_code=400)
         return JSONResponse({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
 
+    def no_group_named(name: str) -> Optional[JSONResponse]:
+        """A 400 unless the engine has joined the weights update group called `name`."""
+        group = state["group"]
+        if group is None or group.group_name != name:
+            return JSONResponse({"success": False, "message": f"no weights update group {name!r}"}, status_code=400)
+        return None
+
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest) -> JSONResponse:
+        if (refused := no_group_named(body.group_name)) is not None:
+            return refused
         group = state["group"]
-        if group is None or group.group_name != body.group_name:
-            return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
-                                status_code=400)
         return await update(lambda: group.receive(body.names, body.dtypes, body.shapes), False, body.weight_version,
                             body.flush_cache)
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
+        if (refused := no_group_named(body.group_name)) is not None:
+            return refused
         group = state["group"]
-        if group is None or group.group_name != body.group_name:
-            return JSONResponse({"success": False, "message": f"no weights update group {body.group_name!r}"},
-                                status_code=400)
         await asyncio.wrap_future(engine.call(group.destroy))
         state["group"] = None
         return JSONResponse({"success": True, "message": f"destroyed {body.group_name}"})

@@ -1,9 +1,8 @@
 """Data parallelism for the torch backend: full model replicas in N processes (torchrun), one
 optimizer step per RL step, identical weights on every rank.
 
-* The leader (rank 0) runs the RL loop. Calls that change state everywhere (a train step, an
-  optimizer reset, a checkpoint load) are announced to the followers over `torch.distributed`
-  (`announce` on the leader, `serve` on the others), so the loop never knows how many ranks exist.
+* The leader (rank 0) runs the RL loop and announces to the followers the calls that change state
+  everywhere (trainer/backends/leader.py).
 * A step's micro-batches are split across ranks by tokens (`shard_by_tokens`); a rank may get none.
 * After the local backward passes, gradients are summed over ranks by one bucketed all-reduce. The
   loss uses the step-wide normalizer, so the summed gradient is exactly the single-process one (up to
@@ -17,7 +16,7 @@ accumulation gives too; doing it by hand lets ranks hold different numbers of mi
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,8 +25,6 @@ from trainer.packing import MicroBatch
 
 GRAD_BUCKET_BYTES = 64 * 1024 * 1024
 """Gradients are all-reduced in flat buckets of about this size (fewer, larger messages)."""
-
-STOP = "close"
 
 
 def shard_by_tokens(micro_batches: Sequence[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
@@ -56,23 +53,6 @@ class DataParallel:
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
-
-    # Leader -> followers -----------------------------------------------------------------------
-    def announce(self, method: str, *args: Any) -> None:
-        """Leader: make every follower call `method(*args)` (see `serve`)."""
-        if self.world_size > 1:
-            assert self.is_leader, f"rank {self.rank} announced {method!r}: only the leader drives the backend"
-            dist.broadcast_object_list([(method, args)], src=0)
-
-    def serve(self, dispatch: Callable[[str, tuple], None]) -> None:
-        """Followers: run the leader's announced calls until it announces STOP."""
-        while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0)
-            method, args = message[0]
-            if method == STOP:
-                return
-            dispatch(method, args)
 
     def scatter(self, micro_batches: Optional[Sequence[MicroBatch]]) -> list[MicroBatch]:
         """Leader passes the step's micro-batches; every rank gets its token-balanced share."""

@@ -21,7 +21,6 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,13 +32,14 @@ from asyncrl.model.io import FP32_TENSORS, dtype_from_name, read_tensors
 from asyncrl.model.model import Glm5ForCausalLM
 from trainer.backends import megatron_cpu_shims
 from trainer.backends.base import StepResult, TrainerBackend
+from trainer.backends.data_parallel import shard_by_tokens
+from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
 from trainer.packing import MicroBatch
 
 METRIC_FIELDS = ("loss_tokens", "masked_tokens", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
 """LossMetrics sums carried in the step's totals vector, after (loss, tokens)."""
 INDEXER = ".core_attention.indexer."
-STOP = "close"
 
 
 class MegatronBackend(TrainerBackend):
@@ -103,25 +103,15 @@ class MegatronBackend(TrainerBackend):
 
     def follow(self) -> None:
         """Other ranks: run the leader's calls until it calls close()."""
-        while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0)
-            method, args = message[0]
-            if method == STOP:
-                return
-            getattr(self, f"_{method}")(*args)
+        follow_leader(lambda method, args: getattr(self, f"_{method}")(*args))
 
     def close(self) -> None:
         if self.is_leader:
-            self._announce(STOP)
-
-    def _announce(self, method: str, *args: Any) -> None:
-        if dist.get_world_size() > 1:
-            dist.broadcast_object_list([(method, args)], src=0)
+            announce(STOP)
 
     # Training ------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
-        self._announce("train_step", micro_batches, normalizer)
+        announce("train_step", micro_batches, normalizer)
         return self._train_step(micro_batches, normalizer)
 
     def _train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
@@ -151,7 +141,7 @@ class MegatronBackend(TrainerBackend):
         passes: a rank short of micro-batches repeats one with weight 0."""
         from megatron.core import parallel_state as ps
 
-        shares = split_by_tokens(micro_batches, ps.get_data_parallel_world_size())
+        shares = shard_by_tokens(micro_batches, ps.get_data_parallel_world_size())
         mine = [(mb, 1.0) for mb in shares[ps.get_data_parallel_rank()]]
         if self.parallel.expert > 1 and micro_batches:
             mine += [(micro_batches[0], 0.0)] * (max(len(s) for s in shares) - len(mine))
@@ -188,7 +178,7 @@ class MegatronBackend(TrainerBackend):
 
     @torch.no_grad()
     def logprobs(self, micro_batch: MicroBatch) -> Tensor:
-        self._announce("logprobs", micro_batch)
+        announce("logprobs", micro_batch)
         return self._logprobs(micro_batch)
 
     @torch.no_grad()
@@ -198,7 +188,7 @@ class MegatronBackend(TrainerBackend):
             return forward(False).logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
-        self._announce("reset_optimizer")
+        announce("reset_optimizer")
         self._reset_optimizer()
 
     def _reset_optimizer(self) -> None:
@@ -209,7 +199,7 @@ class MegatronBackend(TrainerBackend):
         """HF-named weights in the compute dtype (router in fp32), MTP tensors included. Collective:
         the leader's call makes the followers gather too. Unsharded fp32 tensors are views of the live
         weights (as the torch backend's): use them before the next step."""
-        self._announce("gather_hf")
+        announce("gather_hf")
         return self._gather_hf()
 
     def _gather_hf(self) -> dict[str, Tensor]:
@@ -223,7 +213,7 @@ class MegatronBackend(TrainerBackend):
     def save_checkpoint(self, path: Path) -> None:
         """<path>/model: HF checkpoint (config.json + model.safetensors, from the leader);
         <path>/optimizer_rank{r}.pt: each rank's optimizer state (its shards' moments and masters)."""
-        self._announce("save_checkpoint", str(path))
+        announce("save_checkpoint", str(path))
         self._save_checkpoint(str(path))
 
     def _save_checkpoint(self, path: str) -> None:
@@ -240,7 +230,7 @@ class MegatronBackend(TrainerBackend):
         torch.save(self.optimizer.state_dict(), Path(path) / f"optimizer_rank{_rank()}.pt")
 
     def load_checkpoint(self, path: Path) -> None:
-        self._announce("load_checkpoint", str(path))
+        announce("load_checkpoint", str(path))
         self._load_checkpoint(str(path))
 
     def _load_checkpoint(self, path: str) -> None:
@@ -269,16 +259,6 @@ def is_mtp(name: str, arch: ModelConfig) -> bool:
     """MTP layers (model.layers.{num_hidden_layers + i}.*) ride along unchanged; megatron runs none."""
     parts = name.split(".")
     return name.startswith("model.layers.") and int(parts[2]) >= arch.num_hidden_layers
-
-
-def split_by_tokens(micro_batches: list[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
-    """Micro-batches per DP rank: largest first onto the least loaded rank (ties: lowest rank)."""
-    order = sorted(range(len(micro_batches)), key=lambda i: (-micro_batches[i].num_tokens, i))
-    load, owner = [0] * world_size, {}
-    for i in order:
-        owner[i] = min(range(world_size), key=lambda r: (load[r], r))
-        load[owner[i]] += micro_batches[i].num_tokens
-    return [[mb for i, mb in enumerate(micro_batches) if owner[i] == rank] for rank in range(world_size)]
 
 
 def _device() -> torch.device:

@@ -25,7 +25,8 @@ from asyncrl.model.io import (checkpoint_tensors, dtype_from_name, load_pretrain
                               save_pretrained)
 from asyncrl.model.model import Glm5ForCausalLM
 from trainer.backends.base import StepResult, TrainerBackend
-from trainer.backends.data_parallel import STOP, DataParallel
+from trainer.backends.data_parallel import DataParallel
+from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
 from trainer.packing import MicroBatch
 
@@ -77,17 +78,17 @@ class TorchBackend(TrainerBackend):
         return self.dp.is_leader
 
     def follow(self) -> None:
-        self.dp.serve(lambda method, args: getattr(self, f"_{method}")(*args))
+        follow_leader(lambda method, args: getattr(self, f"_{method}")(*args))
 
     def close(self) -> None:
         if self.dp.is_leader:
-            self.dp.announce(STOP)
+            announce(STOP)
         self.dp.close()
 
     # Training ----------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
         step_tokens = sum(mb.num_tokens for mb in micro_batches)
-        self.dp.announce("train_step", normalizer, step_tokens)
+        announce("train_step", normalizer, step_tokens)
         return self._train_step(normalizer, step_tokens, micro_batches)
 
     def _train_step(self, normalizer: int, step_tokens: int, micro_batches: Optional[list[MicroBatch]] = None
@@ -159,7 +160,7 @@ class TorchBackend(TrainerBackend):
         return out.logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
-        self.dp.announce("reset_optimizer")
+        announce("reset_optimizer")
         self._reset_optimizer()
 
     def _reset_optimizer(self) -> None:
@@ -178,7 +179,7 @@ class TorchBackend(TrainerBackend):
         torch.save(self.optimizer.state_dict(), Path(path) / "optimizer.pt")
 
     def load_checkpoint(self, path: Path) -> None:
-        self.dp.announce("load_checkpoint", str(path))
+        announce("load_checkpoint", str(path))
         self._load_checkpoint(str(path))
 
     def _load_checkpoint(self, path: str) -> None:
