@@ -297,6 +297,10 @@ class TrainerConfig:
     crash re-trains at most this many steps (from the restored weights), and never loses a group."""
     keep_checkpoints: int = 2
     """Checkpoints kept under <run_dir>/checkpoints (older ones are deleted)."""
+    redis_retry_s: float = 120.0
+    """For about how long a Redis command that failed (connection lost, 30 s without an answer) is sent
+    again before the trainer gives up and the run fails: a Redis restart or stall in between is ridden
+    out. 0: the first failure ends the run."""
     loss: LossConfig = field(default_factory=LossConfig)
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -235,7 +235,8 @@ class Job:
         actor = ray.remote(load(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
             num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
-        self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed)
+        self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,
+                                    retention_groups=cfg.redis.retention_groups)
         self.training = self.trainer.run.remote(cfg.total_steps)
 
     # Watch ----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ The API is asyncio (redis.asyncio): every component that touches Redis runs an e
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Container, Iterable, Optional, TypeVar
@@ -19,6 +20,8 @@ from typing import Any, Awaitable, Container, Iterable, Optional, TypeVar
 import msgpack
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from asyncrl.types import GroupRecord, Sample, TrainingGroup
 
@@ -28,6 +31,8 @@ TRAINER_GROUP = "trainer"
 COMMAND_TIMEOUT_S = 30.0
 """How long one Redis command may take before it fails with redis.exceptions.TimeoutError. Generous: the
 largest calls (a step's samples in one pipeline) take well under a second, blocking reads ask for 1 s."""
+RETRY_BACKOFF_CAP_S = 1.0
+"""Store.connect(retry_s=...): back-off between attempts doubles from 0.1 s up to this."""
 
 
 def run_sync(coro: Awaitable[T]) -> T:
@@ -71,14 +76,23 @@ class Store:
 
     @classmethod
     def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64,
-                command_timeout_s: float = COMMAND_TIMEOUT_S) -> "Store":
+                command_timeout_s: float = COMMAND_TIMEOUT_S, retry_s: float = 0.0) -> "Store":
         """A blocking pool: beyond `max_connections` concurrent commands wait for a connection
         (redis-py's default pool raises MaxConnectionsError past 100, e.g. 1,000 sessions finishing).
         Every command fails after `command_timeout_s`, so a hung (stopped, not dead) Redis surfaces as
-        an error instead of a wait without end; see BoundedConnection for why not redis-py's own."""
+        an error instead of a wait without end; see BoundedConnection for why not redis-py's own.
+
+        `retry_s` > 0: a command that fails on a lost connection or a timeout is sent again, backing off
+        for about `retry_s` seconds in all (plus up to `command_timeout_s` an attempt), so a Redis that
+        restarts or stalls meanwhile is ridden out. Only for callers whose writes may be applied twice
+        (a timed-out command may have been applied): the trainer's are (acks, metrics, weight records)."""
+        retry = {}
+        if retry_s > 0:
+            retry = {"retry": Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=0.05),
+                                    retries=math.ceil(retry_s / RETRY_BACKOFF_CAP_S) + 4)}
         pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=60,
                                                         connection_class=BoundedConnection,
-                                                        socket_timeout=command_timeout_s)
+                                                        socket_timeout=command_timeout_s, **retry)
         return cls(aioredis.Redis(connection_pool=pool), run, retention_groups)
 
     async def close(self) -> None:

@@ -38,10 +38,11 @@ unacknowledged groups back first (Store.read_groups)."""
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model: ModelSection, redis_url: str, run: str, run_dir: str,
-                 seed: int = 0, backend: Optional[TrainerBackend] = None) -> None:
+                 seed: int = 0, backend: Optional[TrainerBackend] = None, retention_groups: int = 10_000) -> None:
+        """`retention_groups`: the run's `redis.retention_groups` (acknowledging trims past it)."""
         self.cfg = cfg
         self.backend = backend or make_backend(cfg, model, seed)
-        self.store = Store.connect(redis_url, run)
+        self.store = Store.connect(redis_url, run, retention_groups=retention_groups, retry_s=cfg.redis_retry_s)
         self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", cfg.keep_checkpoints)
         self.weights = WeightSync(cfg.weight_push, self.store, Path(run_dir) / "weights")
         self.state = self.checkpoints.restore(self.backend)

@@ -34,7 +34,8 @@ def load_config(overrides: list[str]) -> RunConfig:
 def build_trainer(cfg: RunConfig, backend: Optional["TrainerBackend"] = None):
     from trainer.actor import Trainer
 
-    return Trainer(cfg.trainer, cfg.model, cfg.redis.url, cfg.name, cfg.run_dir, cfg.seed, backend=backend)
+    return Trainer(cfg.trainer, cfg.model, cfg.redis.url, cfg.name, cfg.run_dir, cfg.seed, backend=backend,
+                   retention_groups=cfg.redis.retention_groups)
 
 
 async def serve(trainer, total_steps: int) -> None:

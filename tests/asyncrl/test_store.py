@@ -189,3 +189,27 @@ async def test_a_hung_redis_fails_calls_after_the_command_timeout_and_they_work_
     finally:
         await store.close()
         server.stop()
+
+
+async def test_with_retry_s_calls_ride_out_a_redis_that_stalls_or_restarts(tmp_path, run_name):
+    server = EmbeddedRedis(tmp_path / "r", appendfsync="always").start()
+    store = Store.connect(server.url, run_name, command_timeout_s=0.5, retry_s=10)
+    loop = asyncio.get_running_loop()
+    try:
+        await store.set_weights(1, "/ckpt/1")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        loop.call_later(2.0, os.kill, server.process.pid, signal.SIGCONT)
+        started = time.monotonic()
+        assert (await store.get_weights())["version"] == "1"  # timed out, retried, answered once resumed
+        assert time.monotonic() - started > 1.5
+
+        port = server.port
+        server.kill()
+        restarted = loop.run_in_executor(None, lambda: (time.sleep(1.5), EmbeddedRedis(
+            tmp_path / "r", port=port, appendfsync="always").start())[1])
+        await store.set_weights(2, "/ckpt/2")  # refused until the new server listens, then written
+        server = await restarted
+        assert (await store.get_weights())["version"] == "2"
+    finally:
+        await store.close()
+        server.stop()

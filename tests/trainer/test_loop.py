@@ -9,6 +9,7 @@ from asyncrl.model.model import Glm5ForCausalLM
 from asyncrl.store import TRAINER_GROUP, Store
 from tests.trainer.helpers import policy_groups, write_groups
 from trainer.actor import Trainer
+from trainer.run import build_trainer, load_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,6 +44,22 @@ async def test_steps_ack_after_checkpoint_push_every_k_and_report(redis_server, 
     assert first["filter_groups_kept"] == 2 and first["tokens"] > 0 and first["tokens_per_s"] > 0
     assert "push_s" in records[1] and "push_s" not in records[0]
     assert [r["staleness_max"] for r in records] == [0, 0, 1, 1]  # samples were generated under version 0
+    await trainer.close()
+    await store.close()
+
+
+async def test_the_runs_redis_retention_trims_what_the_trainer_acknowledged(redis_server, run_name, tmp_path):
+    """redis.retention_groups reaches the trainer's Store (it once stayed at the 10,000 default)."""
+    cfg = load_config([f"redis.url={redis_server.url}", f"name={run_name}", f"run_dir={tmp_path}",
+                       "model=tiny", "redis.retention_groups=2", "trainer.groups_per_step=2",
+                       "trainer.checkpoint_every=1", "trainer.staleness_tau=100", "trainer.micro_batch_tokens=64"])
+    store = Store.connect(redis_server.url, run_name)
+    await write_groups(store, policy_groups(Glm5ForCausalLM.from_config(cfg.model.arch, seed=0), 8))
+    trainer = build_trainer(cfg)
+    for _ in range(3):
+        await trainer.step()
+    assert await store.redis.llen(store.key("consumed")) == 2  # 6 acknowledged, the oldest 4 trimmed
+    assert await store.redis.xlen(store.key("groups")) == 4  # 2 kept for inspection + 2 never read
     await trainer.close()
     await store.close()
 
