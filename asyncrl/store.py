@@ -31,6 +31,23 @@ TRAINER_GROUP = "trainer"
 COMMAND_TIMEOUT_S = 30.0
 """How long one Redis command may take before it fails with redis.exceptions.TimeoutError. Generous: the
 largest calls (a step's samples in one pipeline) take well under a second, blocking reads ask for 1 s."""
+RECORDED_TTL_S = 3600
+"""How long Store.add_samples remembers a write's name (retries come within seconds to minutes)."""
+ADD_SAMPLES_ONCE = """
+local done = redis.call('LRANGE', KEYS[2], 0, -1)
+if #done > 0 then return done end
+local refs = {}
+for i = 2, #ARGV, 3 do
+  refs[#refs + 1] = redis.call('XADD', KEYS[1], '*', 'sample_id', ARGV[i], 'group_id', ARGV[i + 1], 'data', ARGV[i + 2])
+end
+if #refs > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(refs))
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+return refs
+"""
+"""add_samples as one script (atomic like MULTI/EXEC): the XADDs, and their ids kept under the write's
+name; a name already there returns its ids and appends nothing."""
 RETRY_BACKOFF_CAP_S = 1.0
 """Store.connect(retry_s=...): back-off between attempts doubles from 0.1 s up to this."""
 
@@ -73,6 +90,7 @@ class Store:
         self.redis = client
         self.run = run
         self.retention_groups = retention_groups
+        self._add_samples_script = None
 
     @classmethod
     def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64,
@@ -107,13 +125,21 @@ class Store:
         fields = {"sample_id": sample.sample_id, "group_id": sample.group_id, "data": sample.encode()}
         return _s(await self.redis.xadd(self.key("samples"), fields))
 
-    async def add_samples(self, samples: list[Sample]) -> list[str]:
-        """Append several trajectories atomically (MULTI/EXEC: all or none); their stream ids."""
-        pipe = self.redis.pipeline(transaction=True)
-        for sample in samples:
-            pipe.xadd(self.key("samples"), {"sample_id": sample.sample_id, "group_id": sample.group_id,
-                                            "data": sample.encode()})
-        return [_s(ref) for ref in await pipe.execute()]
+    async def add_samples(self, samples: list[Sample], once: str) -> list[str]:
+        """Append several trajectories atomically (all or none); their stream ids. `once` names the write
+        (the gateway's session id): a second call with it appends nothing and returns the first call's
+        ids, for a caller retrying a call that failed after Redis had applied it (lost reply, timeout).
+        The name is remembered for RECORDED_TTL_S."""
+        args = [field for sample in samples for field in (sample.sample_id, sample.group_id, sample.encode())]
+        refs = await self._add_samples_once(keys=[self.key("samples"), self.key(f"recorded:{once}")],
+                                            args=[RECORDED_TTL_S, *args], client=self.redis)
+        return [_s(ref) for ref in refs]
+
+    @property
+    def _add_samples_once(self):
+        if self._add_samples_script is None:
+            self._add_samples_script = self.redis.register_script(ADD_SAMPLES_ONCE)
+        return self._add_samples_script
 
     async def get_samples(self, refs: Iterable[str]) -> list[Sample]:
         """Samples by stream id, in order; a missing id raises KeyError (it was trimmed or never written)."""

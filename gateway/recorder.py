@@ -24,7 +24,8 @@ def session_samples(session: Session, finish: FinishSessionRequest) -> list[Samp
 
 
 async def record_session(store: Store, session: Session, finish: FinishSessionRequest) -> list[str]:
-    """Append the session's samples; returns their stream ids. Aborted sessions are not recorded."""
+    """Append the session's samples; returns their stream ids. Aborted sessions are not recorded. A retry
+    after a failed write that Redis had applied gets the ids of that write (`once`), not a second copy."""
     if finish.status == "aborted":
         return []
-    return await store.add_samples(session_samples(session, finish))
+    return await store.add_samples(session_samples(session, finish), once=session.id)

@@ -8,8 +8,9 @@ import pytest
 import redis.exceptions
 
 from asyncrl.redis_server import EmbeddedRedis
-from asyncrl.store import Store
+from asyncrl.store import RECORDED_TTL_S, Store
 from asyncrl.types import GroupRecord, Sample
+from tests.redis_faults import ReplyCuttingProxy
 
 
 def make_sample(i: int, group_id: str = "g0", n: int = 12) -> Sample:
@@ -213,3 +214,25 @@ async def test_with_retry_s_calls_ride_out_a_redis_that_stalls_or_restarts(tmp_p
     finally:
         await store.close()
         server.stop()
+
+
+async def test_a_retried_add_samples_that_redis_had_applied_appends_nothing_more(redis_server, run_name):
+    """The gateway's finish is retried by the orchestrator when it failed; if Redis had applied the write
+    (its reply lost), the retry returns that write's ids instead of a second, unreferenced copy."""
+    async with ReplyCuttingProxy.serving(redis_server.port, b"EVALSHA") as proxy:
+        store = Store.connect(proxy.url, run_name)
+        try:
+            await store.add_samples([make_sample(0, "g0")], once="sess-0")  # loads the script
+            samples = [make_sample(1, "g1"), make_sample(2, "g1")]
+            proxy.armed = True
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await store.add_samples(samples, once="sess-1")
+            assert proxy.cuts == 1 and await store.redis.xlen(store.key("samples")) == 3  # applied all the same
+            refs = await store.add_samples(samples, once="sess-1")
+            assert await store.redis.xlen(store.key("samples")) == 3
+            assert [s.sample_id for s in await store.get_samples(refs)] == ["s1", "s2"]
+            assert await store.add_samples(samples, once="sess-1") == refs
+            assert 0 < await store.redis.ttl(store.key("recorded:sess-1")) <= RECORDED_TTL_S
+            assert await store.add_samples([], once="sess-2") == []
+        finally:
+            await store.close()
