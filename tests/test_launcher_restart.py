@@ -20,7 +20,8 @@ RESTART_DELAY_S = 4.0
 class SlowlyRestartingTrainer:
     """Exits in its first run; its next incarnation takes RESTART_DELAY_S to start (a loaded machine)."""
 
-    def __init__(self, cfg, model, redis_url: str, run: str, run_dir: str, seed: int = 0) -> None:
+    def __init__(self, cfg, model, redis_url: str, run: str, run_dir: str, seed: int = 0,
+                 retention_groups: int = 10_000) -> None:
         self.died = Path(run_dir) / "died"
         if self.died.exists():
             time.sleep(RESTART_DELAY_S)
