@@ -38,13 +38,24 @@ class Lease:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     async def acquire(self) -> None:
-        waited = False
-        while not await self.redis.set(self.key, self.holder, nx=True, px=self.ttl_ms):
-            if not waited:
+        """Wait until this orchestrator holds the lease. Redis errors are retried; a SET that failed may
+        still have been applied (its reply lost), so finding our own name there means we hold it."""
+        waited, pause = False, min(1.0, self.ttl_ms / 4000)
+        while True:
+            try:
+                if await self.redis.set(self.key, self.holder, nx=True, px=self.ttl_ms):
+                    break
                 owner = await self.redis.get(self.key)
+            except (RedisError, OSError) as err:
+                log.warning("taking lease %s failed (%r); retrying", self.key, err)
+                await asyncio.sleep(pause)
+                continue
+            if owner is not None and owner.decode() == self.holder:
+                break
+            if not waited:
                 log.warning("run is held by orchestrator %s; waiting for its lease to expire", owner)
                 waited = True
-            await asyncio.sleep(min(1.0, self.ttl_ms / 4000))
+            await asyncio.sleep(pause)
         log.info("lease %s acquired by %s", self.key, self.holder)
 
     async def keep(self) -> None:
