@@ -23,10 +23,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from redis.exceptions import RedisError
+
 from asyncrl.config import RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
-from asyncrl.store import Store, run_sync
+from asyncrl.store import REGISTRY_RETRY_S, Store, run_sync
 from asyncrl.supervisor import ServiceActor
 
 log = logging.getLogger("asyncrl.launcher")
@@ -295,7 +297,11 @@ class Job:
                 raise ComponentFailed(name, _first_line(err)) from err
 
     def _report_progress(self) -> None:
-        records = run_sync(self._with_store(lambda s: s.read_metrics(count=100_000)))
+        try:
+            records = run_sync(self._with_store(lambda s: s.read_metrics(count=100_000)))
+        except (RedisError, OSError) as err:  # a report is not worth failing the run for
+            log.warning("progress report skipped: reading metrics from Redis failed (%r)", err)
+            return
         steps = [values for _, source, values in records if source == "trainer"]
         if steps:
             last = steps[-1]
@@ -304,7 +310,7 @@ class Job:
                      last["staleness_mean"])
 
     async def _with_store(self, op):
-        store = Store.connect(self.redis_url, self.cfg.name)
+        store = Store.connect(self.redis_url, self.cfg.name, retry_s=REGISTRY_RETRY_S)
         try:
             return await op(store)
         finally:

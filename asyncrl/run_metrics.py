@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+from redis.exceptions import RedisError
 
 from asyncrl.store import Store
 
@@ -103,10 +104,14 @@ class Collector:
             await store.close()
 
     async def _tick(self, store: Store, mirror: TensorBoardMirror, http: httpx.AsyncClient) -> None:
+        """One poll; a Redis failure skips it (the mirror catches up from `mirror.after` next time)."""
         status = await _get_json(http, f"{self.orchestrator_url}/v1/status")
-        if status is not None:
-            await store.add_metrics("orchestrator", orchestrator_record(status))
-        mirror.write(await store.read_metrics(after=mirror.after, count=100_000))
+        try:
+            if status is not None:
+                await store.add_metrics("orchestrator", orchestrator_record(status))
+            mirror.write(await store.read_metrics(after=mirror.after, count=100_000))
+        except (RedisError, OSError) as err:
+            log.warning("metrics poll skipped: Redis failed (%r)", err)
 
 
 async def _get_json(http: httpx.AsyncClient, url: str) -> Optional[dict[str, Any]]:

@@ -49,6 +49,9 @@ return refs
 """add_samples as one script (atomic like MULTI/EXEC): the XADDs, and their ids kept under the write's
 name; a name already there returns its ids and appends nothing."""
 RETRY_BACKOFF_CAP_S = 1.0
+REGISTRY_RETRY_S = 60.0
+"""retry_s of the one-off registry calls (engine URLs, services, weights) made as components start and
+stop: idempotent, and a component starting during a Redis stall waits it out instead of failing."""
 """Store.connect(retry_s=...): back-off between attempts doubles from 0.1 s up to this."""
 
 

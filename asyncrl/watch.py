@@ -23,6 +23,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from asyncrl.store import Store
 
@@ -122,6 +123,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         pass
     except RedisConnectionError:
         raise SystemExit(f"asyncrl watch: cannot reach the run's Redis at {redis_url} (has the run ended?)")
+    except RedisError as err:  # e.g. a stalled server: no answer within the Store's command timeout
+        raise SystemExit(f"asyncrl watch: the run's Redis at {redis_url} failed: {err}")
 
 
 if __name__ == "__main__":

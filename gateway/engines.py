@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Optional
 
 import httpx
+import redis.exceptions
 
 from asyncrl.engine_client import AiohttpTransport, EngineClient
 from asyncrl.protocols.gateway import EngineStatus
@@ -115,7 +116,9 @@ class EnginePool:
             try:
                 if self.registry is not None:
                     await self.follow_registry()
-            except Exception:  # a Redis hiccup: keep the current set
+            except (redis.exceptions.RedisError, OSError) as err:  # a Redis hiccup: keep the current set
+                log.warning("reading the engine registry failed (%r); routing over the engines known", err)
+            except Exception:
                 log.exception("reading the engine registry failed")
             await asyncio.sleep(self.health_interval_s)
             try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from asyncrl.config import RolloutConfig
-from asyncrl.store import Store, run_sync
+from asyncrl.store import REGISTRY_RETRY_S, Store, run_sync
 from asyncrl.supervisor import Supervisor
 from rollout.backends import LaunchSpec, make_backend
 
@@ -88,7 +88,7 @@ class RolloutEngine(Supervisor):
         return self.initial_model_path, "0"
 
     async def _with_store(self, op):
-        store = Store.connect(self.redis_url, self.run)
+        store = Store.connect(self.redis_url, self.run, retry_s=REGISTRY_RETRY_S)
         try:
             return await op(store)
         finally:

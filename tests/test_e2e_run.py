@@ -107,6 +107,41 @@ def test_run_survives_env_engine_and_trainer_kills(tmp_path):
     assert len(groups) == len(set(groups)) and len(groups) >= 24 * 8  # every trained group acknowledged once
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_survives_a_redis_stall_longer_than_the_command_timeout(tmp_path):
+    """SIGSTOP on the embedded redis-server for 35 s: every Redis command in flight fails after its 30 s
+    timeout (asyncrl/store.py) and is retried; the run finishes every step, each group acknowledged once."""
+    import redis
+
+    run_dir = tmp_path / "e2e_stall"
+    proc = launch(run_dir, "e2e_stall", "total_steps=12", "warmup.steps=20", "trainer.groups_per_step=8",
+                  "trainer.checkpoint_every=4")
+    try:
+        wait_step(proc, run_dir, 4)
+        client = redis.Redis.from_url((run_dir / "redis.url").read_text())
+        pid = client.info("server")["process_id"]
+        client.close()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(35)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert proc.wait(600) == 0, (tmp_path / "e2e_stall.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    steps = [int(r["step"]) for r in records_after_run(run_dir, tmp_path)]
+    assert steps == list(range(1, 13))
+    groups = asyncio.run(_acked_groups(run_dir, tmp_path))
+    assert len(groups) == len(set(groups)) == 12 * 8
+    sample_ids = asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy-3", _sample_ids))
+    assert len(sample_ids) == len(set(sample_ids))  # a finish retried after a timeout recorded nothing twice
+    logs = "".join(p.read_text() for p in (run_dir / "services").glob("*.log"))
+    assert "TimeoutError" in logs  # the stall outlasted the command timeout: calls failed and were retried
+
+
 async def _acked(url: str, run: str) -> list[str]:
     import msgpack
 
@@ -118,11 +153,23 @@ async def _acked(url: str, run: str) -> list[str]:
         await store.close()
 
 
-async def _acked_groups(run_dir: Path, tmp_path: Path) -> list[str]:
-    copy = tmp_path / "redis-copy-2"
+async def _sample_ids(url: str, run: str) -> list[str]:
+    store = Store.connect(url, run)
+    try:
+        return [fields[b"sample_id"].decode() for _, fields in await store.redis.xrange(store.key("samples"))]
+    finally:
+        await store.close()
+
+
+async def _in_copy(run_dir: Path, copy: Path, read):
+    """`read(url, run)` against a redis-server started on a copy of the run's AOF."""
     shutil.copytree(run_dir / "redis", copy)
     server = EmbeddedRedis(copy).start()
     try:
-        return await _acked(server.url, run_dir.name)
+        return await read(server.url, run_dir.name)
     finally:
         server.stop()
+
+
+async def _acked_groups(run_dir: Path, tmp_path: Path) -> list[str]:
+    return await _in_copy(run_dir, tmp_path / "redis-copy-2", _acked)
