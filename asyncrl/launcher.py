@@ -19,7 +19,7 @@ import os
 import signal
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from asyncrl.config import RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
-from asyncrl.store import REGISTRY_RETRY_S, Store, run_sync
+from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
 
 log = logging.getLogger("asyncrl.launcher")
@@ -131,9 +131,9 @@ class Job:
             for replica in range(env.num_replicas):
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
         self._guard("trainer", lambda: self._start_trainer(model_path))
-        run_sync(self._with_store(lambda s: s.redis.hset(s.key("services"), mapping={
+        store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
-            "mode": cfg.mode})))
+            "mode": cfg.mode}))
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard").start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
@@ -298,8 +298,9 @@ class Job:
 
     def _report_progress(self) -> None:
         try:
-            records = run_sync(self._with_store(lambda s: s.read_metrics(count=100_000)))
-        except (RedisError, OSError) as err:  # a report is not worth failing the run for
+            records = store_call(self.redis_url, self.cfg.name, lambda s: s.read_metrics(count=100_000),
+                                 retry_s=0)
+        except (RedisError, OSError) as err:  # a report is not worth failing the run, nor a wait
             log.warning("progress report skipped: reading metrics from Redis failed (%r)", err)
             return
         steps = [values for _, source, values in records if source == "trainer"]
@@ -308,13 +309,6 @@ class Job:
             log.info("step %d/%d: reward %.3f, loss %.4f, weight version %d, staleness %.2f", int(last["step"]),
                      self.cfg.total_steps, last["reward_mean"], last["loss"], int(last["weight_version"]),
                      last["staleness_mean"])
-
-    async def _with_store(self, op):
-        store = Store.connect(self.redis_url, self.cfg.name, retry_s=REGISTRY_RETRY_S)
-        try:
-            return await op(store)
-        finally:
-            await store.close()
 
     # Stop -----------------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Container, Iterable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Container, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
@@ -49,10 +49,10 @@ return refs
 """add_samples as one script (atomic like MULTI/EXEC): the XADDs, and their ids kept under the write's
 name; a name already there returns its ids and appends nothing."""
 RETRY_BACKOFF_CAP_S = 1.0
-REGISTRY_RETRY_S = 60.0
-"""retry_s of the one-off registry calls (engine URLs, services, weights) made as components start and
-stop: idempotent, and a component starting during a Redis stall waits it out instead of failing."""
 """Store.connect(retry_s=...): back-off between attempts doubles from 0.1 s up to this."""
+REGISTRY_RETRY_S = 60.0
+"""store_call's retry_s: the one-off registry calls (engine URLs, services, weights) components make as
+they start and stop are idempotent, and one starting during a Redis stall waits it out, not fails."""
 
 
 def run_sync(coro: Awaitable[T]) -> T:
@@ -70,8 +70,8 @@ class BoundedConnection(aioredis.Connection):
     """redis-py's connection with its send bounded by asyncio.timeout instead of asyncio.wait_for.
 
     With a socket timeout, redis-py bounds each send with asyncio.wait_for, which on Python 3.11 returns
-    normally when a cancellation arrives as the send completes: the cancelled task keeps running (189 of
-    300 cancellations lost: bench/redis_cancellation.py). Its reads already use asyncio.timeout, which
+    normally when a cancellation arrives as the send completes: the cancelled task keeps running (196 of
+    300 cancellations lost: bench/results/redis_cancellation.md). Its reads already use asyncio.timeout, which
     does not lose them. A connection serves one command at a time, so the send can run with the socket
     timeout cleared and bounded here instead."""
 
@@ -93,7 +93,7 @@ class Store:
         self.redis = client
         self.run = run
         self.retention_groups = retention_groups
-        self._add_samples_script = None
+        self._add_samples_once = client.register_script(ADD_SAMPLES_ONCE)
 
     @classmethod
     def connect(cls, url: str, run: str, retention_groups: int = 10_000, max_connections: int = 64,
@@ -135,14 +135,8 @@ class Store:
         The name is remembered for RECORDED_TTL_S."""
         args = [field for sample in samples for field in (sample.sample_id, sample.group_id, sample.encode())]
         refs = await self._add_samples_once(keys=[self.key("samples"), self.key(f"recorded:{once}")],
-                                            args=[RECORDED_TTL_S, *args], client=self.redis)
+                                            args=[RECORDED_TTL_S, *args])
         return [_s(ref) for ref in refs]
-
-    @property
-    def _add_samples_once(self):
-        if self._add_samples_script is None:
-            self._add_samples_script = self.redis.register_script(ADD_SAMPLES_ONCE)
-        return self._add_samples_script
 
     async def get_samples(self, refs: Iterable[str]) -> list[Sample]:
         """Samples by stream id, in order; a missing id raises KeyError (it was trimmed or never written)."""
@@ -285,3 +279,15 @@ class Store:
         """(stream id, source, values) records after `after`."""
         entries = await self.redis.xrange(self.key("metrics"), f"({after}" if after != "0-0" else "-", "+", count=count)
         return [(_s(i), _s(f[b"source"]), msgpack.unpackb(f[b"data"], raw=False)) for i, f in entries]
+
+
+def store_call(url: str, run: str, op: Callable[[Store], Awaitable[T]], retry_s: float = REGISTRY_RETRY_S) -> T:
+    """`op(store)` from synchronous code, on a Store opened for the call and closed after it: the one-off
+    calls components make as they start, stop or report (retrying for `retry_s`)."""
+    async def call() -> T:
+        store = Store.connect(url, run, retry_s=retry_s)
+        try:
+            return await op(store)
+        finally:
+            await store.close()
+    return run_sync(call())

@@ -89,7 +89,7 @@ class Segment:
         the last one; more if the last call brought no routing, e.g. a cut stream)."""
         if self.routed_experts is None:
             return None
-        rows = np.full((len(self.tokens), self.routed_experts.shape[1]), -1, dtype=np.int32)
+        rows = np.full((len(self.tokens), self.routed_experts.shape[1]), -1, dtype=np.int16)  # Sample's dtype
         known = min(len(self.routed_experts), len(self.tokens))
         rows[:known] = self.routed_experts[:known]
         return rows

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from asyncrl.config import RolloutConfig
-from asyncrl.store import REGISTRY_RETRY_S, Store, run_sync
+from asyncrl.store import store_call
 from asyncrl.supervisor import Supervisor
 from rollout.backends import LaunchSpec, make_backend
 
@@ -72,27 +72,20 @@ class RolloutEngine(Supervisor):
         return self.backend.environment()
 
     def on_serving(self) -> None:
-        run_sync(self._with_store(lambda store: store.register_engine(self.engine_id, self.url())))
+        store_call(self.redis_url, self.run, lambda store: store.register_engine(self.engine_id, self.url()))
 
     def shutdown(self, grace_s: float = 15.0) -> Optional[int]:
         """Graceful: the engine aborts in-flight work on SIGTERM; the URL leaves the registry."""
         code = super().shutdown(grace_s)
-        run_sync(self._with_store(lambda store: store.unregister_engine(self.engine_id)))
+        store_call(self.redis_url, self.run, lambda store: store.unregister_engine(self.engine_id))
         return code
 
     def _current_weights(self) -> tuple[str, str]:
         """(checkpoint path, version) the engine must serve: the last pushed snapshot, else the initial model."""
-        weights = run_sync(self._with_store(lambda store: store.get_weights()))
+        weights = store_call(self.redis_url, self.run, lambda store: store.get_weights())
         if weights.get("location") and Path(weights["location"]).exists():
             return weights["location"], weights["version"]
         return self.initial_model_path, "0"
-
-    async def _with_store(self, op):
-        store = Store.connect(self.redis_url, self.run, retry_s=REGISTRY_RETRY_S)
-        try:
-            return await op(store)
-        finally:
-            await store.close()
 
 
 class EngineGroup:

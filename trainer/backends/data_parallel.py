@@ -16,7 +16,7 @@ accumulation gives too; doing it by hand lets ranks hold different numbers of mi
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
