@@ -48,14 +48,46 @@ class ModelSection:
     """Compute dtype on CPU engines and the torch trainer: float32 or bfloat16."""
 
 
+TRUNCATING_SAMPLING = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "min_new_tokens": 0}
+"""SGLang sampling fields that restrict which tokens can be drawn, with the value that restricts nothing
+(top_k 0 also disables). Engines report, and the trainer recomputes, log-probs of the untruncated
+tempered distribution, so a truncated draw makes the importance ratio off by the kept probability mass
+(docs/trainer.md "Sampling and the ratios")."""
+
+
 @dataclass
 class SamplingConfig:
-    """Default sampling of rollout turns (an episode may override per request)."""
+    """Default sampling of rollout turns. Every field reaches the gateway session of each episode (its
+    defaults and policy) and the env's LLM endpoint; an agent may override the sampling fields per request,
+    and the gateway records the temperature of every generated token for the trainer."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     max_new_tokens: int = 256
+    allow_truncation: bool = False
+    """Accept top_p < 1, top_k > 0, min_p > 0 or min_new_tokens > 0 in RL sessions (config or agent
+    request). Off: the run refuses such a config at start and the gateway answers such a request with a
+    400 naming the field, because the trained ratios would not match the sampling distribution."""
+
+    def __post_init__(self) -> None:
+        truncating = [f"{name}={getattr(self, name)}" for name in ("top_p", "top_k", "min_p")
+                      if is_truncating(name, getattr(self, name))]
+        if truncating and not self.allow_truncation:
+            raise ValueError(f"rollout.sampling {', '.join(truncating)} truncates the distribution the engines "
+                             "draw from, but the trainer's ratios use the untruncated one; set "
+                             "rollout.sampling.allow_truncation=true to accept that mismatch (docs/trainer.md "
+                             "\"Sampling and the ratios\")")
+
+
+def is_truncating(name: str, value: Any) -> bool:
+    """Whether `value` of sampling field `name` restricts the drawable tokens (TRUNCATING_SAMPLING)."""
+    if value is None or name not in TRUNCATING_SAMPLING:
+        return False
+    if name == "top_k":
+        return value > 0
+    return value != TRUNCATING_SAMPLING[name]
 
 
 @dataclass

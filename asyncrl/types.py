@@ -4,8 +4,8 @@ Encoding (documented contract, see docs/store.md): a Sample is one msgpack map. 
 arrays are packed little-endian bytes, not lists: tokens int32, loss_mask uint8, rollout_logprobs
 float32, weight_versions int32. A 4k-token sample is ~52 KB instead of ~150 KB of JSON floats, and
 decoding is a zero-copy `np.frombuffer`. `SCHEMA_VERSION` is bumped on any incompatible change.
-Routing replay adds an optional fifth array, `routed_experts` (int16 [tokens, layers x top_k]); samples
-without it encode exactly as before.
+Two optional arrays follow, each left out of the encoding when None: `temperatures` (float32 [tokens], the
+temperature of each log-prob) and, for routing replay, `routed_experts` (int16 [tokens, layers x top_k]).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ _ARRAYS = {
     "weight_versions": np.dtype("<i4"),
 }
 _ROUTING_DTYPE = np.dtype("<i2")  # expert ids: GLM-5 has 256 routed experts
+_TEMPERATURE_DTYPE = np.dtype("<f4")
+_OPTIONAL_ARRAYS = ("routed_experts", "temperatures")
 
 
 @dataclass
@@ -58,14 +60,21 @@ class Sample:
     routed_experts: Optional[np.ndarray] = None
     """Routing replay (R3): int16 [tokens, layers x top_k], row i the experts the engine's MoE layers sent
     token i to (-1: unknown, e.g. the last token, which no forward saw); None when not recorded."""
+    temperatures: Optional[np.ndarray] = None
+    """float32 [tokens]: the temperature T of the distribution log_softmax(logits / T) that token i's
+    rollout log-prob was taken from (1.0 on prompt tokens and greedy turns); the trainer computes its
+    log-probs at the same T. None: 1.0 everywhere."""
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+        if self.temperatures is not None:
+            self.temperatures = np.ascontiguousarray(self.temperatures, dtype=_TEMPERATURE_DTYPE)
         n = len(self.tokens)
-        for name in ("loss_mask", "rollout_logprobs", "weight_versions"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"Sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, tokens {n}")
+        for name in ("loss_mask", "rollout_logprobs", "weight_versions", "temperatures"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"Sample {self.sample_id}: {name} has {len(values)} entries, tokens {n}")
         if self.routed_experts is not None:
             self.routed_experts = np.ascontiguousarray(self.routed_experts, dtype=_ROUTING_DTYPE)
             if self.routed_experts.ndim != 2 or len(self.routed_experts) != n:
@@ -85,8 +94,10 @@ class Sample:
         return int(generated.min()) if generated.size else -1
 
     def encode(self) -> bytes:
-        payload = {k: v for k, v in self.__dict__.items() if k not in _ARRAYS and k != "routed_experts"}
+        payload = {k: v for k, v in self.__dict__.items() if k not in _ARRAYS and k not in _OPTIONAL_ARRAYS}
         payload.update({k: getattr(self, k).tobytes() for k in _ARRAYS})
+        if self.temperatures is not None:
+            payload["temperatures"] = self.temperatures.tobytes()
         if self.routed_experts is not None:
             payload["routed_experts"] = self.routed_experts.tobytes()
             payload["routed_experts_width"] = self.routed_experts.shape[1]
@@ -101,6 +112,8 @@ class Sample:
             raise ValueError(f"Sample schema version {version} (this build reads {SCHEMA_VERSION})")
         for name, dtype in _ARRAYS.items():
             payload[name] = np.frombuffer(payload[name], dtype=dtype)
+        if "temperatures" in payload:
+            payload["temperatures"] = np.frombuffer(payload["temperatures"], dtype=_TEMPERATURE_DTYPE)
         if "routed_experts" in payload:
             width = payload.pop("routed_experts_width")
             payload["routed_experts"] = np.frombuffer(payload["routed_experts"], dtype=_ROUTING_DTYPE).reshape(-1, width)

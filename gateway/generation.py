@@ -99,6 +99,7 @@ class TurnRunner:
         """Generate until the turn ends by stop or length; yields the turn's cumulative output ids
         (after every engine update when `stream`, else once per call)."""
         budget = sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
+        turn.sampling = sampling
         failed: frozenset[str] = frozenset()
         interruptions = rounds = 0
         while True:

@@ -21,13 +21,14 @@ def first(*values: Any) -> Any:
 
 
 def turn_sampling(defaults: SessionSampling, turn_index: int, *, temperature=None, top_p=None, top_k=None,
-                  max_new_tokens=None, seed=None) -> dict[str, Any]:
+                  min_p=None, max_new_tokens=None, seed=None) -> dict[str, Any]:
     """SGLang sampling params of one turn: the request's values, else the session's defaults.
     A session seed s gives turn k the seed s + k (reproducible, yet turns differ)."""
     if seed is None and defaults.sampling_seed is not None:
         seed = defaults.sampling_seed + turn_index
     params = {"temperature": first(temperature, defaults.temperature), "top_p": first(top_p, defaults.top_p),
-              "top_k": first(top_k, defaults.top_k), "max_new_tokens": first(max_new_tokens, defaults.max_new_tokens),
+              "top_k": first(top_k, defaults.top_k), "min_p": first(min_p, defaults.min_p),
+              "max_new_tokens": first(max_new_tokens, defaults.max_new_tokens),
               "sampling_seed": seed}
     return {k: v for k, v in params.items() if v is not None}
 
@@ -35,7 +36,7 @@ def turn_sampling(defaults: SessionSampling, turn_index: int, *, temperature=Non
 def chat_sampling(request: ChatCompletionRequest, defaults: SessionSampling, turn_index: int,
                   stop_token_ids: Sequence[int]) -> dict[str, Any]:
     params = turn_sampling(defaults, turn_index, temperature=request.temperature, top_p=request.top_p,
-                           top_k=request.top_k, max_new_tokens=first(request.max_completion_tokens, request.max_tokens),
+                           top_k=request.top_k, min_p=request.min_p, max_new_tokens=first(request.max_completion_tokens, request.max_tokens),
                            seed=request.seed)
     params["stop_token_ids"] = list(stop_token_ids)
     if request.stop_strings:

@@ -19,7 +19,7 @@ def session_samples(session: Session, finish: FinishSessionRequest) -> list[Samp
                    tokens=segment.tokens, loss_mask=segment.loss_mask, rollout_logprobs=segment.logprobs,
                    weight_versions=segment.versions, num_turns=segment.num_turns, engines=segment.engines,
                    timings=timings, metadata={**session.metadata, "info": finish.info, "segment": i, "segments": n},
-                   routed_experts=segment.routing_rows())
+                   routed_experts=segment.routing_rows(), temperatures=segment.temperatures)
             for i, segment in enumerate(session.segments)]
 
 

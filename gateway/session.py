@@ -10,7 +10,8 @@ TITO rules (shared/protocols/gateway.md):
     (`GlmChatTemplate.render_incremental`); the model's own tokens are kept as generated.
   * a message list that does not extend the segment's (history edited, tools changed) opens a
     new segment with a full render instead of re-tokenizing what the model saw.
-  * loss_mask is 1 exactly on engine output tokens; each carries its log-prob and weight version.
+  * loss_mask is 1 exactly on engine output tokens; each carries its log-prob, weight version and the
+    temperature its log-prob was taken at (gateway/sampling.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from asyncrl.chat_template import GlmChatTemplate, appended_messages
 from asyncrl.protocols.gateway import (CreateSessionRequest, SegmentRecord, SessionRecord, SessionStatus,
                                        TurnRecord)
+from gateway.sampling import logprob_temperature
 
 
 class SessionClosedError(RuntimeError):
@@ -58,6 +60,8 @@ class Segment:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)
+    """The temperature each token's log-prob was taken at (1.0 on prompt tokens)."""
     turns: list[TurnRecord] = field(default_factory=list)
     messages: Optional[list[dict[str, Any]]] = field(default_factory=list)
     """Rendered chat messages; None when token-native turns made the text view meaningless."""
@@ -68,8 +72,9 @@ class Segment:
     """Routing replay: the last engine call's routing of the segment's tokens (that call's prompt and
     output, all but the last token): the routing under which the latest tokens were generated."""
 
-    def append(self, ids: Sequence[int], generated: Optional[EngineCall] = None) -> None:
+    def append(self, ids: Sequence[int], generated: Optional[EngineCall] = None, temperature: float = 1.0) -> None:
         self.tokens += ids
+        self.temperatures += [temperature if generated is not None else 1.0] * len(ids)
         if generated is None:
             self.loss_mask += [0] * len(ids)
             self.logprobs += [0.0] * len(ids)
@@ -96,7 +101,7 @@ class Segment:
 
     def record(self) -> SegmentRecord:
         return SegmentRecord(tokens=self.tokens, loss_mask=self.loss_mask, rollout_logprobs=self.logprobs,
-                             weight_versions=self.versions, turns=self.turns, messages=self.messages,
+                             weight_versions=self.versions, temperatures=self.temperatures, turns=self.turns, messages=self.messages,
                              tools=self.tools)
 
 
@@ -112,6 +117,8 @@ class Turn:
     new_messages: Optional[list[dict[str, Any]]] = None
     tools: Optional[list[dict[str, Any]]] = None
     calls: list[EngineCall] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """The SGLang sampling params the turn's engine calls ran with (set by TurnRunner)."""
 
     @property
     def first_prompt(self) -> list[int]:
@@ -202,13 +209,15 @@ class Session:
         elif segment is not self.segments[-1] or len(segment.tokens) != turn.base_len:
             raise PrefixInvariantError(f"session {self.id[:8]}...: segment changed while a turn was generated")
         segment.append(turn.new_ids)
+        temperature = logprob_temperature(turn.sampling)
+        recorded = {k: v for k, v in turn.sampling.items() if k != "max_new_tokens"}  # the budget shrinks per call
         for call in turn.calls:
             prompt_len = len(segment.tokens)
-            segment.append(call.output_ids, call)
+            segment.append(call.output_ids, call, temperature)
             if call.routed_experts is not None:
                 segment.routed_experts = call.routed_experts
             segment.turns.append(TurnRecord(prompt_len=prompt_len, output_len=len(call.output_ids),
-                                            engine=call.engine, finish_reason=call.finish_reason))
+                                            engine=call.engine, finish_reason=call.finish_reason, sampling=recorded))
         if turn.new_messages is None or segment.messages is None or reply is None:
             segment.messages = None
         else:

@@ -23,6 +23,7 @@ from gateway.generation import NoEngineError, TurnRunner
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import (ChatReply, chat_chunk, chat_completion, chat_sampling, finish_reason, token_logprobs,
                                 turn_sampling, usage)
+from gateway.sampling import check_sampling
 from gateway.session import Session, SessionClosedError, Turn
 
 
@@ -43,8 +44,11 @@ class Turns:
     def plan_chat(self, session: Session, request: ChatCompletionRequest) -> Turn:
         return session.chat_turn(self.template, request.messages, request.tools)
 
-    def _sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
-        return chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids)
+    def chat_sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
+        """The turn's engine sampling params; SamplingPolicyError (400) if the session's policy refuses them."""
+        params = chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids)
+        check_sampling(params, session.sampling.allow_truncation)
+        return params
 
     async def chat(self, session: Session, request: ChatCompletionRequest, client: Request
                    ) -> tuple[dict[str, Any], float]:
@@ -54,7 +58,7 @@ class Turns:
             session.ensure_open()
             turn = self.plan_chat(session, request)
             reply = ChatReply(self.template, request, session.num_turns)
-            await self._run_watching_client(session, turn, self._sampling(session, request), client)
+            await self._run_watching_client(session, turn, self.chat_sampling(session, request), client)
             message = reply.message(turn.output_ids)
             session.commit(turn, message)
         self._count(session, turn, "chat", started)
@@ -75,7 +79,7 @@ class Turns:
             yield _sse(chat_chunk(completion_id, self.model_name, {"role": "assistant", "content": ""}))
             try:
                 async with _AbortUnlessCommitted(self, session) as committed:
-                    async with aclosing(self.runner.stream(session, turn, self._sampling(session, request))) as outputs:
+                    async with aclosing(self.runner.stream(session, turn, self.chat_sampling(session, request))) as outputs:
                         async for output_ids in outputs:
                             for delta in reply.deltas(output_ids, final=False):
                                 yield _sse(chat_chunk(completion_id, self.model_name, delta))
@@ -102,6 +106,7 @@ class Turns:
             turn = session.token_turn(request.input_ids)
             sampling = {**turn_sampling(session.sampling, session.num_turns),
                         **{k: v for k, v in request.sampling_params.items() if v is not None}}
+            check_sampling(sampling, session.sampling.allow_truncation)
             await self._run_watching_client(session, turn, sampling, client)
             session.commit(turn)
         self._count(session, turn, "generate", started)

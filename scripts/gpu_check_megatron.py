@@ -58,7 +58,7 @@ def micro_batches(arch: ModelConfig, model: Glm5ForCausalLM, count: int, seq_len
         ids = torch.randint(1, arch.vocab_size, (n + 1,), generator=gen)
         cu = torch.arange(seqs + 1, dtype=torch.int32) * seq_len
         mask = (torch.arange(n) % seq_len) >= seq_len // 4  # the first quarter of each sequence is prompt
-        mb = MicroBatch(ids[:-1], cu, ids[1:], mask, torch.zeros(n), torch.where(mask, 0.5, 0.0),
+        mb = MicroBatch(ids[:-1], cu, ids[1:], mask, torch.zeros(n), torch.where(mask, 0.5, 0.0), torch.ones(n),
                         [f"s{i}" for i in range(seqs)], seq_len, int(mask.sum()), seqs)
         with torch.no_grad():
             own = model.token_logprobs(mb.input_ids.to(DEVICE), cu.to(DEVICE), mb.targets.to(DEVICE)).logprobs.cpu()

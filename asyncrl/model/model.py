@@ -136,17 +136,20 @@ class Glm5ForCausalLM(nn.Module):
 
     # Trainer -------------------------------------------------------------------------------------
     def token_logprobs(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, targets: torch.Tensor, *,
-                       temperature: float = 1.0, with_entropy: bool = True, indexer_kl: bool = False,
+                       temperature: float | torch.Tensor = 1.0, with_entropy: bool = True, indexer_kl: bool = False,
                        routed_experts: Optional[torch.Tensor] = None, **batch_options) -> TokenLogprobs:
         """Teacher-forced log-probs of `targets` for packed sequences (no cross-sequence attention).
 
         input_ids, targets [N] (targets[n]: the token that follows position n; mask the last token of
-        each sequence in the loss), cu_seqlens [B + 1]. Differentiable; logits are divided by
-        `temperature` (1.0 in RL) and taken in fp32. routed_experts [N, layers, k]: rollout routing
+        each sequence in the loss), cu_seqlens [B + 1]. Differentiable; logits are taken in fp32 and
+        divided by `temperature`, a number or [N] per position (the temperature each target was sampled
+        at, as the engine divides before its log_softmax). routed_experts [N, layers, k]: rollout routing
         replay (R3), the experts the engine routed each position to (rows of -1: the router decides).
         """
         batch = ForwardBatch.packed(input_ids, cu_seqlens, **batch_options)
         hidden, losses = self.model(batch, indexer_kl=indexer_kl, routed_experts=routed_experts)
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.float()[:, None]
         logp_all = (self.lm_head(hidden).float() / temperature).log_softmax(-1)  # [N, vocab]
         logprobs = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None

@@ -30,9 +30,14 @@ class SessionSampling(_Lenient):
     temperature: Optional[float] = Field(None, ge=0.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     max_new_tokens: Optional[int] = Field(None, ge=0)
     sampling_seed: Optional[int] = None
     """Turn k of the session samples with seed sampling_seed + k (reproducible episodes)."""
+    allow_truncation: bool = False
+    """The session's policy for truncated sampling (top_p < 1, top_k > 0, min_p > 0, min_new_tokens > 0):
+    refused with a 400 naming the field unless true, since the recorded log-probs (and the trainer's) are
+    those of the untruncated tempered distribution (asyncrl.config.SamplingConfig.allow_truncation)."""
 
 
 class CreateSessionRequest(_Lenient):
@@ -82,6 +87,8 @@ class TurnRecord(BaseModel):
     engine: str
     finish_reason: str
     """stop | length | abort (an interrupted call: the next call continues from its tokens)."""
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """The SGLang sampling params the call ran with (max_new_tokens left out)."""
 
 
 class SegmentRecord(BaseModel):
@@ -94,6 +101,8 @@ class SegmentRecord(BaseModel):
     """Engine log-prob of each generated token; 0.0 where loss_mask is 0."""
     weight_versions: list[int]
     """Weight version that generated each token; -1 where loss_mask is 0."""
+    temperatures: list[float]
+    """Temperature each token's log-prob was taken at (1.0 where loss_mask is 0, and for greedy calls)."""
     turns: list[TurnRecord]
     messages: Optional[list[dict[str, Any]]] = None
     """Chat messages rendered so far (model turns as returned); None once token-native turns were mixed in."""
@@ -158,6 +167,8 @@ class ChatCompletionRequest(_Lenient):
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
     """Extension (SGLang's): -1 disables."""
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    """Extension (SGLang's): 0 disables."""
     max_tokens: Optional[int] = Field(None, ge=0)
     max_completion_tokens: Optional[int] = Field(None, ge=0)
     stop: Optional[Union[str, list[str]]] = None

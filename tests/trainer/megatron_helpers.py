@@ -51,6 +51,17 @@ def with_replayed_routing(micro_batches: list[MicroBatch], arch: ModelConfig) ->
     return routed
 
 
+def at_temperatures(micro_batches: list[MicroBatch], temperatures: tuple[float, ...]) -> list[MicroBatch]:
+    """The micro-batches sampled at other temperatures: micro-batch i's positions cycle through
+    `temperatures` sequence by sequence (an agent that changed T between turns)."""
+    out = []
+    for i, mb in enumerate(micro_batches):
+        lengths = mb.cu_seqlens.diff().tolist()
+        per_seq = [temperatures[(i + j) % len(temperatures)] for j in range(len(lengths))]
+        out.append(replace(mb, temperatures=torch.repeat_interleave(torch.tensor(per_seq), torch.tensor(lengths))))
+    return out
+
+
 def _replay(mb: MicroBatch, arch: ModelConfig):
     if mb.routed_experts is None:
         return None
@@ -79,7 +90,8 @@ def reference_step(arch: ModelConfig, cfg: TrainerConfig, micro_batches: list[Mi
     before = _logprobs(model, micro_batches)
     total = 0.0
     for mb in micro_batches:
-        out = model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, routed_experts=_replay(mb, arch))
+        out = model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
+                                   routed_experts=_replay(mb, arch))
         loss, _ = loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                      entropy=out.entropy, cu_seqlens=mb.cu_seqlens, normalizer=normalizer))
         loss.backward()
@@ -91,5 +103,5 @@ def reference_step(arch: ModelConfig, cfg: TrainerConfig, micro_batches: list[Mi
 
 @torch.no_grad()
 def _logprobs(model: Glm5ForCausalLM, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
-    return [model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets,
+    return [model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
                                  routed_experts=_replay(mb, model.config)).logprobs for mb in micro_batches]

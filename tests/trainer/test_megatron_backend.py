@@ -15,7 +15,7 @@ import torch
 from asyncrl.config import TrainerConfig, load_model_section
 from asyncrl.model.io import checkpoint_tensors
 from asyncrl.model.model import Glm5ForCausalLM
-from tests.trainer.megatron_helpers import (SEED, make_micro_batches, normalizer_of, reference_step,
+from tests.trainer.megatron_helpers import (SEED, at_temperatures, make_micro_batches, normalizer_of, reference_step,
                                             with_replayed_routing)
 
 pytestmark = [
@@ -82,6 +82,24 @@ def test_logprobs_match_the_torch_model(backend, micro_batches, reference):
         got = backend.logprobs(mb)
         assert got.shape == expected.shape
         assert (got - expected).abs().max() <= LOGPROB_ATOL
+
+
+@pytest.fixture(scope="module")
+def tempered(section, micro_batches):
+    """Micro-batches sampled at T = 0.7 and 1.3 and the torch reference step at those temperatures."""
+    batches = at_temperatures(micro_batches, (0.7, 1.3))
+    return batches, reference_step(section.arch, CFG, batches)
+
+
+def test_logprobs_and_first_step_at_the_sampling_temperatures_match_the_torch_model(section, tempered, reference):
+    batches, tempered_reference = tempered
+    backend = new_backend(section)
+    for mb, expected, at_one in zip(batches, tempered_reference.logprobs_before, reference.logprobs_before):
+        assert (expected - at_one).abs().max() > 1e-2  # the temperatures change the log-probs
+        assert (backend.logprobs(mb) - expected).abs().max() <= LOGPROB_ATOL
+    result = backend.train_step(batches, normalizer_of(batches))
+    assert result.loss == pytest.approx(tempered_reference.loss, abs=1e-6)
+    assert result.grad_norm == pytest.approx(tempered_reference.grad_norm, rel=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ class PackedInput:
     input_ids: Tensor      # [1, T + pad]
     position_ids: Tensor   # [1, T + pad]
     targets: Tensor        # [T + pad]
+    temperatures: Tensor   # [T + pad] float32: the temperature each target was sampled at (1 on padding)
     packed_seq_params: object
     num_tokens: int        # T: rows that belong to the micro-batch
 
@@ -51,6 +52,7 @@ def pack_for_megatron(mb: MicroBatch, multiple: int, device: torch.device) -> Pa
         input_ids=torch.cat([mb.input_ids.long(), padding])[None].to(device),
         position_ids=positions[None].to(device),
         targets=torch.cat([mb.targets.long(), padding]).to(device),
+        temperatures=torch.cat([mb.temperatures.float(), torch.ones(pad)]).to(device),
         packed_seq_params=params,
         num_tokens=num_tokens,
     )
@@ -64,12 +66,13 @@ class TokenOutputs:
 
 def token_logprobs(model: torch.nn.Module, packed: PackedInput, tp_group: Optional[dist.ProcessGroup],
                    with_entropy: bool = True) -> TokenOutputs:
-    """Forward the packed micro-batch -> per-token log p(target) (and entropy), fp32."""
+    """Forward the packed micro-batch -> per-token log p(target) (and entropy), fp32, at each target's
+    sampling temperature."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    packed_seq_params=packed.packed_seq_params)  # [1, T + pad, vocab / TP]
-    logits = logits[0].float()  # [T + pad, vocab / TP]
+    logits = logits[0].float() / packed.temperatures[:, None]  # [T + pad, vocab / TP], as the engine samples
     entropy = vocab_parallel_entropy(logits, tp_group)[: packed.num_tokens] if with_entropy else None
     # vocab_parallel_cross_entropy works on [s, b, v] and shifts its input in place: give it a view copy
     nll = vocab_parallel_cross_entropy(logits.clone()[:, None], packed.targets[:, None], tp_group=tp_group)

@@ -111,8 +111,8 @@ class TorchBackend(TrainerBackend):
         """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
         train_indexer = not self.cfg.freeze_indexer
         with self._autocast():
-            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, indexer_kl=train_indexer,
-                                            routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
+                                            indexer_kl=train_indexer, routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
         old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                                 old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
@@ -155,8 +155,8 @@ class TorchBackend(TrainerBackend):
         self.model.eval()
         mb = micro_batch.to(self.device)
         with self._autocast():
-            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, with_entropy=False,
-                                            routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
+            out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
+                                            with_entropy=False, routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
         return out.logprobs.float().cpu()
 
     def reset_optimizer(self) -> None:
