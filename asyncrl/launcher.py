@@ -14,12 +14,13 @@ component that failed.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import signal
 import time
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -192,27 +193,11 @@ class Job:
         return self._service("gateway", self.cfg.components.gateway, args, _token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token))
 
     def _start_orchestrator(self, gateway: str) -> str:
-        o, sampling, cfg = self.cfg.orchestrator, self.cfg.rollout.sampling, self.cfg
-        # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
-        # sync mode is limit 0: one batch per weight version, generated after the previous push.
-        staleness = 0 if cfg.mode == "sync" else cfg.trainer.staleness_tau
-        groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
-        args = ["--redis-url", self.redis_url, "--run", cfg.name, "--gateway", gateway,
-                "--max-in-flight", str(o.max_in_flight), "--group-size", str(o.group_size),
-                "--max-attempts", str(o.max_attempts), "--max-turns", str(o.max_turns),
-                "--max-unconsumed-groups", str(o.max_unconsumed_groups), "--staleness-limit", str(staleness),
-                "--groups-per-step", str(groups_per_version),
-                "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
-                "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
-                "--temperature", str(sampling.temperature), "--top-p", str(sampling.top_p),
-                "--max-tokens", str(sampling.max_new_tokens)]
-        if o.domain_weights:
-            args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
-        if o.rate_limits:
-            args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
-        env = {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", o.auth_token),
+        cfg = self.cfg
+        env = {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", cfg.orchestrator.auth_token),
                **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token)}
-        return self._service("orchestrator", cfg.components.orchestrator, args, env)
+        return self._service("orchestrator", cfg.components.orchestrator, orchestrator_args(cfg, self.redis_url, gateway),
+                             env)
 
     def _start_env(self, env, replica: int, orchestrator: str) -> str:
         args = ["--env", env.target, "--orchestrator", orchestrator, "--capacity", str(env.capacity),
@@ -325,6 +310,28 @@ class Job:
             _quietly(lambda: ray.kill(handle, no_restart=True))
         if self.engines is not None:
             _quietly(self.engines.shutdown)
+
+
+def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]:
+    """The orchestrator's command line for this run (the same in both modes but for the staleness limit)."""
+    o = cfg.orchestrator
+    # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
+    # sync mode is limit 0: one batch per weight version, generated after the previous push.
+    staleness = 0 if cfg.mode == "sync" else cfg.trainer.staleness_tau
+    groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
+    args = ["--redis-url", redis_url, "--run", cfg.name, "--gateway", gateway,
+            "--max-in-flight", str(o.max_in_flight), "--group-size", str(o.group_size),
+            "--max-attempts", str(o.max_attempts), "--max-turns", str(o.max_turns),
+            "--max-unconsumed-groups", str(o.max_unconsumed_groups), "--staleness-limit", str(staleness),
+            "--groups-per-step", str(groups_per_version),
+            "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
+            "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
+            "--sampling", json.dumps(asdict(cfg.rollout.sampling))]
+    if o.domain_weights:
+        args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
+    if o.rate_limits:
+        args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
+    return args
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

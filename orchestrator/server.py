@@ -6,6 +6,7 @@ Handlers are thin: parse the typed request, call the Orchestrator, reply with a 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -110,6 +111,13 @@ def _ratios(text: str) -> dict[str, float]:
     return out
 
 
+def _sampling(text: str) -> SamplingConfig:
+    try:
+        return SamplingConfig(**json.loads(text))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:  # TypeError: a key SamplingConfig lacks
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, argparse.Namespace]:
     d = OrchestratorConfig()
     p = argparse.ArgumentParser(prog="asyncrl orchestrator serve", description=__doc__.split("\n")[0])
@@ -133,9 +141,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     p.add_argument("--weights", type=_ratios, default={}, help="env or domain weights, e.g. swe=2,terminal=1,search=1")
     p.add_argument("--rate-limits", type=_ratios, default={}, help="episodes/s per env, e.g. swe=5")
-    p.add_argument("--temperature", type=float, default=SamplingConfig.temperature)
-    p.add_argument("--top-p", type=float, default=SamplingConfig.top_p)
-    p.add_argument("--max-tokens", type=int, default=SamplingConfig.max_new_tokens)
+    p.add_argument("--sampling", type=_sampling, default=SamplingConfig(),
+                   help='the run\'s sampling config as JSON, every field of asyncrl.config.SamplingConfig '
+                        '(missing ones keep their default), e.g. \'{"temperature": 0.7, "max_new_tokens": 64}\'')
     p.add_argument("--model-name", default=d.model_name)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -144,7 +152,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
     cfg = OrchestratorConfig(
         host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
         gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
-        sampling=SamplingConfig(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_tokens),
+        sampling=a.sampling,
         domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit, max_groups=a.max_groups,
         **{k: getattr(a, k) for k in ("max_in_flight", "group_size", "max_attempts", "max_turns", "seed",
                                        "max_unconsumed_groups", "groups_per_step", "heartbeat_interval_s",

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import aiohttp
 
-from asyncrl.config import OrchestratorConfig
+from asyncrl.config import OrchestratorConfig, SamplingConfig
 from asyncrl.protocols.env_service import LLMEndpoint, SamplingParams
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, SessionSampling
 from orchestrator.groups import Group, Member
@@ -39,11 +39,23 @@ class Finished:
     sample_refs: list[str] = field(default_factory=list)
 
 
+def endpoint_sampling(s: SamplingConfig) -> SamplingParams:
+    """What an env's agent sends with every model request: each drawing field of the run's sampling config
+    (max_new_tokens as OpenAI's max_tokens). SGLang's extensions (top_k, min_p) only when they are set, so
+    a plain OpenAI-compatible server (sessions=endpoint) is not sent keys it may refuse."""
+    extensions = {"top_k": s.top_k, "min_p": s.min_p}
+    extra = {k: v for k, v in extensions.items() if v != getattr(SamplingConfig, k)}
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
+
+
+def session_sampling(s: SamplingConfig, seed: int) -> SessionSampling:
+    """A gateway session's defaults and policy from the run's sampling config: every field of it."""
+    return SessionSampling(**asdict(s), sampling_seed=seed)
+
+
 class SessionProvider(ABC):
     def __init__(self, cfg: OrchestratorConfig) -> None:
-        s = cfg.sampling
-        extra = {"top_k": s.top_k} if s.top_k != -1 else {}
-        self.sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
+        self.sampling = endpoint_sampling(cfg.sampling)
         self.model = cfg.model_name
 
     @abstractmethod
@@ -81,15 +93,13 @@ class GatewaySessions(SessionProvider):
         self.url = cfg.gateway_url.rstrip("/")
         self.http = http
         self.headers = {"Authorization": f"Bearer {cfg.gateway_token}"} if cfg.gateway_token else {}
-        s = cfg.sampling
-        self.session_sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                     max_new_tokens=s.max_new_tokens)
+        self.config_sampling = cfg.sampling
 
     async def open(self, group, member, episode_id):
         body = CreateSessionRequest(
             group_id=group.group_id, task_id=group.task_id, env=group.env,
             metadata={"episode_id": episode_id, "member": member.index, "attempt": member.attempt, "seed": member.seed},
-            sampling=SessionSampling(**self.session_sampling, sampling_seed=member.seed))
+            sampling=session_sampling(self.config_sampling, member.seed))
         reply = await self._call("POST", "/sessions", body.model_dump(), expect=(201,))
         return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model, sampling=self.sampling)
 

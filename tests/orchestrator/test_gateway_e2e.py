@@ -28,8 +28,8 @@ def gateway(tiny_checkpoint, tmp_path, redis_server, run_name):
 
 async def test_groups_through_the_gateway_survive_a_killed_env(gateway, orchestrators, tmp_path, redis_server,
                                                               run_name):
-    orch = orchestrators("--gateway", gateway.url, "--group-size", "4", "--max-groups", "6", "--max-tokens", "8",
-                         "--seed", "3")
+    orch = orchestrators("--gateway", gateway.url, "--group-size", "4", "--max-groups", "6",
+                         "--sampling", '{"max_new_tokens": 8}', "--seed", "3")
     victim, survivor = start_envs(tmp_path, 2, "--capacity", "8", "--option", "sleep_s=1.5", "--option", "llm_turns=1",
                                   "--option", f"journal={tmp_path}", "--orchestrator", orch.url)
     # in_flight counts dispatches; wait until the victim has really begun episodes (its journal says so),
