@@ -187,6 +187,33 @@ def test_reset_optimizer_drops_the_moments(backend, micro_batches):
     assert not any(len(state) for _, state in backend.optimizer.state.items())
 
 
+def fp32_masters(backend) -> list[torch.Tensor]:
+    """Copies of the parameters the optimizer steps (its fp32 masters under bf16)."""
+    optimizers = getattr(backend.optimizer, "chained_optimizers", [backend.optimizer])
+    return [p.detach().clone() for o in optimizers for g in o.optimizer.param_groups for p in g["params"]]
+
+
+def test_bf16_reset_optimizer_keeps_the_fp32_master_weights(section, micro_batches):
+    """GLM-5 resets the optimizer after each push; under bf16 that must not round the masters to bf16."""
+    backend = new_backend(replace(section, dtype="bfloat16"), replace(CFG, lr=1e-5))
+    normalizer = normalizer_of(micro_batches)
+    backend.train_step(micro_batches, normalizer)
+    masters = fp32_masters(backend)
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in masters)  # they hold more than bf16 can
+    backend.reset_optimizer()
+    assert not any(len(state) for _, state in backend.optimizer.state.items())
+    kept = fp32_masters(backend)
+    assert all(torch.equal(a, b) for a, b in zip(masters, kept))
+    # updates below a bf16 step still add up across resets (rebuilt masters would drop each one)
+    start = {k: v.clone() for k, v in backend.hf_state_dict().items()}
+    for _ in range(6):
+        backend.train_step(micro_batches, normalizer)
+        backend.reset_optimizer()
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    assert not torch.equal(backend.hf_state_dict()[name], start[name])
+
+
 def test_unfrozen_indexer_is_refused(section):
     with pytest.raises(ValueError, match="freeze_indexer"):
         new_backend(section, replace(CFG, freeze_indexer=False))

@@ -192,7 +192,11 @@ class MegatronBackend(TrainerBackend):
         self._reset_optimizer()
 
     def _reset_optimizer(self) -> None:
-        self.optimizer = self._new_optimizer()
+        """Adam's moments and step counts start over; the fp32 master weights stay. Building a new
+        optimizer instead would re-create the masters from the model's bf16 parameters, rounding away,
+        at every push, each update still smaller than a bf16 step."""
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            optimizer.optimizer.state.clear()  # torch's Adam rebuilds a parameter's state at its next step
 
     # Weights and checkpoints -----------------------------------------------------------------------
     def hf_state_dict(self) -> dict[str, Tensor]:
