@@ -209,7 +209,8 @@ class OrchestratorConfig:
     groups_per_step: int = 4
     """Groups the trainer consumes per optimizer step (used by staleness_limit)."""
     backpressure_interval_s: float = 1.0
-    """How often the trainer-side signals (unconsumed groups, weight version) are read from Redis."""
+    """The longest wait between reads of the trainer-side signals (unconsumed groups, weight version);
+    they are read at once whenever the trainer reports progress (docs/orchestrator.md "Backpressure")."""
     lease_ttl_s: float = 10.0
     """One orchestrator per run: it holds a Redis lease; a successor waits until it expires."""
     rate_window_s: float = 10.0

@@ -180,6 +180,8 @@ class Store:
             fresh = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count - len(entries),
                                                 block=block_ms)
             entries += fresh[0][1] if fresh else []
+            if fresh and fresh[0][1]:
+                await self.note_trainer_progress("read")
         return [await self._training_group(entry_id, fields) for entry_id, fields in entries
                 if _s(entry_id) not in exclude]
 
@@ -254,6 +256,7 @@ class Store:
     async def set_weights(self, version: int, location: str, **extra: Any) -> None:
         fields = {"version": version, "location": location, "pushed_at": time.time(), **extra}
         await self.redis.hset(self.key("weights"), mapping={k: str(v) for k, v in fields.items()})
+        await self.note_trainer_progress("weights")
 
     async def get_weights(self) -> dict[str, str]:
         return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
@@ -268,6 +271,18 @@ class Store:
 
     async def engines(self) -> dict[str, str]:
         return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("engines"))).items()}
+
+    # Trainer progress ---------------------------------------------------------------------------
+    async def note_trainer_progress(self, event: str) -> None:
+        """One entry in the `progress` stream: the trainer read new groups or recorded new weights, the
+        two things the orchestrator's backpressure waits for (it blocks on the stream: wait_trainer_progress)."""
+        await self.redis.xadd(self.key("progress"), {"event": event, "ts": time.time()}, maxlen=1000, approximate=True)
+
+    async def wait_trainer_progress(self, after: str, timeout_s: float) -> str:
+        """Block until the `progress` stream has an entry newer than `after` ("0-0": any), at most
+        `timeout_s`; -> the newest entry's id (`after` when none came)."""
+        reply = await self.redis.xread({self.key("progress"): after}, count=1000, block=max(1, int(timeout_s * 1000)))
+        return _s(reply[0][1][-1][0]) if reply and reply[0][1] else after
 
     # Metrics -----------------------------------------------------------------------------------
     async def add_metrics(self, source: str, values: dict[str, float], maxlen: int = 100_000) -> None:

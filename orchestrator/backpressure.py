@@ -1,7 +1,8 @@
 """Backpressure: signals from the trainer's side that stop new groups (accepted ones still finish).
 
-Redis is read every `backpressure_interval_s` (`refresh`); between reads each signal answers `holds()`
-from local counts, so the limits hold exactly, not one poll interval late:
+Redis is read (`refresh`) as soon as the trainer reports progress (it read groups or recorded weights:
+the `progress` stream, read with a blocking XREAD) and at least every `backpressure_interval_s`; between
+reads each signal answers `holds()` from local counts, so the limits hold exactly, not one read late:
 
 - `unconsumed_groups`: complete groups the trainer has not read yet, plus groups this orchestrator
   completed since (not yet visible in the read) and groups still open (they will be complete groups
@@ -86,9 +87,13 @@ class Backpressure:
         self.on_change()
 
     async def refresh_forever(self) -> None:
+        """Refresh at once when the trainer reads groups or records weights (a blocking read of its
+        `progress` stream), else every interval_s."""
+        seen = "0-0"
         while True:
             try:
                 await self.refresh()
+                seen = await self.store.wait_trainer_progress(seen, self.interval_s)
             except Exception as err:  # noqa: BLE001 - a Redis hiccup must not stop the poller
                 log.warning("reading backpressure signals failed: %r", err)
-            await asyncio.sleep(self.interval_s)
+                await asyncio.sleep(self.interval_s)

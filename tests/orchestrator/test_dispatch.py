@@ -130,3 +130,31 @@ async def test_staleness_limit_ties_groups_to_the_weight_version(orchestrators, 
         assert done["groups_completed"] == 4
     finally:
         await store.close()
+
+
+async def test_backpressure_reacts_to_the_trainer_at_once_not_at_the_next_poll(orchestrators, env_pool, redis_server,
+                                                                             run_name):
+    """With a 60 s poll interval, a group read and a weight push still release new groups within seconds:
+    the orchestrator blocks on the trainer's `progress` stream."""
+    import time
+
+    orch = orchestrators("--group-size", "2", "--max-unconsumed-groups", "2", "--staleness-limit", "1",
+                         "--groups-per-step", "1", "--backpressure-interval-s", "60")
+    orch.register(env_pool[0].url)
+    held = orch.wait(lambda s: "unconsumed_groups" in s["pause_reasons"] and s["groups_open"] == 0
+                     and s["groups_recorded"] == s["groups_completed"], what="unconsumed hold")
+    assert held["groups_completed"] == 2
+    store = Store.connect(redis_server.url, run_name)
+    try:
+        started = time.monotonic()
+        await store.ack_groups(await store.read_groups("trainer-0", count=2))
+        stale = orch.wait(lambda s: s["pause_reasons"] == ["staleness"] and s["groups_open"] == 0, timeout_s=20,
+                          what="the staleness hold after the read")
+        assert stale["groups_completed"] == 2 and time.monotonic() - started < 10  # (0 + 1 + 1) x 1 groups
+        started = time.monotonic()
+        await store.set_weights(1, "disk:/tmp/none")
+        orch.wait(lambda s: s["weight_version"] == 1 and s["groups_completed"] > 2, timeout_s=20,
+                  what="new groups after the push")
+        assert time.monotonic() - started < 10
+    finally:
+        await store.close()
