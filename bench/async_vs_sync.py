@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.timeline import TimelineSampler  # noqa: E402
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
@@ -29,20 +32,26 @@ def stamp(line: str) -> float:
     return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def run(mode: str, steps: int, workdir: Path) -> dict:
+def run(mode: str, steps: int, workdir: Path, out: str, overrides: list[str]) -> dict:
     name = f"avs_{mode}"
     log = workdir / f"{name}.log"
+    run_dir = workdir / name
+    shutil.rmtree(run_dir, ignore_errors=True)
     started = time.time()
-    with open(log, "w") as out:
+    sampler = TimelineSampler(run_dir, name).start()
+    with open(log, "w") as out_file:
         code = subprocess.call([sys.executable, "-m", "asyncrl.train", "experiment=async_vs_sync", f"mode={mode}",
-                                f"name={name}", f"total_steps={steps}", f"run_dir={workdir / name}"],
-                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                f"name={name}", f"total_steps={steps}", f"run_dir={run_dir}", *overrides],
+                               cwd=ROOT, stdout=out_file, stderr=subprocess.STDOUT)
+    timeline = sampler.stop()
     lines = log.read_text().splitlines()
     if code != 0:
         raise SystemExit(f"{mode} run failed ({code}); see {log}")
     ready = next(stamp(l) for l in lines if "asyncrl.launcher" in l and " mode, gateway " in l)
     done = next(stamp(l) for l in lines if "asyncrl.launcher" in l and "finished" in l)
-    return {"train_wall_s": done - ready, "total_wall_s": time.time() - started, "log": str(log)}
+    timeline.plot(Path(f"{out}_{mode}.png"), ready, done, f"{mode}: {done - ready:.1f} s from serving to step {steps}")
+    return {"train_wall_s": done - ready, "total_wall_s": time.time() - started, "log": str(log),
+            "timeline": timeline.summary(ready, done)}
 
 
 def main() -> None:
@@ -50,11 +59,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "async_vs_sync"))
     p.add_argument("--workdir", default="/tmp/asyncrl-async-vs-sync")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for both runs, e.g. orchestrator.max_unconsumed_groups=8")
     args = p.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    results = {mode: run(mode, args.steps, workdir) for mode in ("sync", "async")}
+    results = {mode: run(mode, args.steps, workdir, args.out, args.overrides) for mode in ("sync", "async")}
     speedup = results["sync"]["train_wall_s"] / results["async"]["train_wall_s"]
     report = {"command": " ".join(["python", *sys.argv]), "steps": args.steps, "samples_per_run": args.steps * 4 * 8,
               "load_avg_start": load_start, "load_avg_end": os.getloadavg(), **results, "speedup": speedup}

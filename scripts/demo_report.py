@@ -39,6 +39,17 @@ def read_run(run_dir: Path) -> list[dict[str, float]]:
             return asyncio.run(trainer_records(server.url, run_dir.name))
 
 
+def staleness_histogram(records: list[dict[str, float]]) -> dict[int, float]:
+    """versions old -> trained samples, summed over the steps' staleness_count_{k}."""
+    counts: dict[int, float] = {}
+    for record in records:
+        for key, n in record.items():
+            if key.startswith("staleness_count_"):
+                k = int(key.rsplit("_", 1)[1])
+                counts[k] = counts.get(k, 0.0) + n
+    return dict(sorted(counts.items()))
+
+
 def window_mean(values: list[float], lo: int, hi: int) -> float:
     chunk = values[lo:hi]
     return sum(chunk) / len(chunk)
@@ -81,6 +92,8 @@ def main() -> None:
                "rl_train_s": sum(r["step_s"] for r in records),
                "mean_staleness": sum(r["staleness_mean"] for r in records) / len(records),
                "mean_masked_fraction": sum(r.get("masked_fraction", 0.0) for r in records) / len(records),
+               "staleness_histogram": staleness_histogram(records),
+               "stale_samples_dropped": sum(r.get("filter_stale", 0.0) for r in records),
                "per_step": [{k: r[k] for k in ("step", "reward_mean", "loss", "weight_version", "staleness_mean")}
                             for r in records]}
     out = Path(args.out)
@@ -92,7 +105,12 @@ def main() -> None:
         f"{wall}).", "", f"![reward curve]({out.with_suffix('.png').name})", "",
         "| | mean reward |", "|---|---|", f"| first 10 RL steps | {first:.3f} |", f"| last 10 RL steps | {last:.3f} |",
         "", f"Gain: **{last - first:+.3f}** over {len(records)} steps; mean staleness {summary['mean_staleness']:.2f} "
-        f"weight versions; mean masked fraction (double-sided IS) {summary['mean_masked_fraction']:.3f}.", ""]))
+        f"weight versions; mean masked fraction (double-sided IS) {summary['mean_masked_fraction']:.3f}.", "",
+        "Staleness of the trained samples (trainer version minus the version of their oldest token; "
+        f"{summary['stale_samples_dropped']:.0f} samples dropped as older than staleness_tau):", "",
+        "| versions old | samples | share |", "|---|---|---|",
+        *[f"| {k} | {n:.0f} | {n / max(sum(summary['staleness_histogram'].values()), 1):.1%} |"
+          for k, n in summary["staleness_histogram"].items()], ""]))
     print(out.with_suffix(".md").read_text())
 
 

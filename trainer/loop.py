@@ -85,6 +85,7 @@ def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport
         "routing_replayed": replayed_fraction(batch.micro_batches),
         "wait_s": wait_s, "train_s": train_s, "step_s": step_s,
         **{f"filter_{k}": v for k, v in vars(batch.stats).items()}, **result.metrics,
+        **{f"staleness_count_{k}": n for k, n in zip(*np.unique(staleness, return_counts=True))},
     }
     if push is not None:
         metrics |= {"push_s": push.total_s, "push_paused_s": push.pause_s + push.update_s + push.resume_s,
