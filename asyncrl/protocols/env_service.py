@@ -1,9 +1,10 @@
 """Wire types of the env-service protocol (shared/protocols/env-service.md), named after the endpoints.
 
 No logic lives here: env services (envs/sdk/app.py) accept and return these types and the
-orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field.
-The outcome taxonomy (OutcomeClass, EpisodeReason, OUTCOMES) is the vocabulary of an episode's
-ending that the env service, the orchestrator and the trainer share (docs/envs.md "Outcomes").
+orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field;
+an EpisodeResponse also checks that its status agrees with its reason. The outcome taxonomy
+(OutcomeClass, EpisodeReason, OUTCOMES) is the vocabulary of an episode's ending that the env
+service, the orchestrator and the trainer share (docs/envs.md "Outcomes").
 """
 
 from __future__ import annotations
