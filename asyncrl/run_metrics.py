@@ -36,11 +36,14 @@ ORCHESTRATOR_SCALARS = {
 
 
 def orchestrator_record(status: dict[str, Any]) -> dict[str, float]:
-    """Flatten /v1/status into scalars: totals plus per-env health (healthy services, in flight)."""
+    """Flatten /v1/status into scalars: totals plus per-env health (healthy services, in flight) and
+    attempts per outcome class (model, environment, infrastructure)."""
     record = {k: float(status[k]) for k in ORCHESTRATOR_SCALARS if isinstance(status.get(k), (int, float))}
     for env, stats in (status.get("by_env") or {}).items():
         record[f"env/{env}/healthy_services"] = float(stats.get("healthy_services", 0))
         record[f"env/{env}/in_flight"] = float(stats.get("in_flight", 0))
+        for cls, reasons in (stats.get("outcomes") or {}).items():
+            record[f"env/{env}/outcome_{cls}"] = float(sum(reasons.values()))
     return record
 
 

@@ -19,8 +19,11 @@ import numpy as np
 SCHEMA_VERSION = 1
 
 SAMPLE_STATUSES = ("completed", "failed", "truncated", "aborted")
-"""completed/truncated: usable for training; failed: the environment broke (dropped by the trainer);
-aborted: the episode was cancelled or re-dispatched (never reaches the trainer)."""
+"""completed / truncated (the model ran out of turns or tokens): model outcomes, trained; failed: the
+environment or the infrastructure broke (env error, sandbox, LLM endpoint, deadline, env service), dropped
+by the trainer and invalid for the group rule; aborted: cancelled or re-dispatched (never reaches the
+trainer). The class and reason of the outcome are in metadata["info"] (Sample.outcome_class, .outcome_reason;
+docs/envs.md "Outcomes")."""
 
 _ARRAYS = {
     "tokens": np.dtype("<i4"),
@@ -86,6 +89,16 @@ class Sample:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def outcome_class(self) -> str:
+        """model, environment or infrastructure, as the orchestrator finished the session; "" if not recorded."""
+        return str(self.metadata.get("info", {}).get("outcome", ""))
+
+    @property
+    def outcome_reason(self) -> str:
+        """Why the episode ended (completed, max_turns, deadline_exceeded, ...); "" if not recorded."""
+        return str(self.metadata.get("info", {}).get("reason", ""))
 
     @property
     def first_weight_version(self) -> int:

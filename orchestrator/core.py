@@ -3,9 +3,12 @@
     dispatch loop (one task): while the scheduler names an eligible env, start a new group of it
         (group_size members, one session each) or dispatch one of its pending members
     attempt (one task per running episode): open session -> POST /episodes (held open) -> settle
-    settle: completed|truncated -> finish session (trajectory recorded) -> member done
+    settle: model outcome       -> finish session (trajectory recorded) -> member done
+            (completed, or truncated by max_turns / max_tokens)
             refused (429/503)   -> member pending again, service backs off briefly
             failure             -> member pending again (attempt charged), old session aborted;
+            (env or infrastructure: env_error, deadline_exceeded, sandbox_error, llm_error,
+             service_error, orchestrator_error)
                                    after max_attempts failures: session finished "failed", given up
     a service turning unhealthy: its running attempts are cancelled and handled as failures
     a group whose members are all done or given up: its GroupRecord is appended (ledger, once)
@@ -21,7 +24,7 @@ import time
 from typing import Any, Optional
 
 from asyncrl.config import OrchestratorConfig
-from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, OutcomeClass
 from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, RegisterRequest,
                                             StatusResponse)
 from asyncrl.store import Store
@@ -32,6 +35,7 @@ from orchestrator.groups import Group, Member, MemberState
 from orchestrator.http import SendClock, client_session
 from orchestrator.ledger import Ledger
 from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.outcomes import ORCHESTRATOR_ERROR, SERVICE_ERROR, by_class, outcome_class
 from orchestrator.registry import Registry, Service
 from orchestrator.scheduler import EnvQueue, Scheduler
 from orchestrator.sessions import GatewayError, make_sessions
@@ -39,7 +43,6 @@ from orchestrator.sessions import GatewayError, make_sessions
 log = logging.getLogger("orchestrator")
 
 REFUSAL_BACKOFF_S = 0.25
-USABLE = (EpisodeStatus.completed, EpisodeStatus.truncated)
 
 
 class Orchestrator:
@@ -175,7 +178,7 @@ class Orchestrator:
             return  # evacuated (its state was handled there) or shutting down (state stays in Redis)
         except Exception as err:  # noqa: BLE001 - a bug must not leave the member running forever
             log.exception("episode %s: unexpected error", episode_id)
-            outcome = Outcome("error", error=f"orchestrator: {err!r}")
+            outcome = Outcome("error", error=f"orchestrator: {err!r}", reason=ORCHESTRATOR_ERROR)
         if not self._release(service, episode_id):
             return
         self.metrics.duration.labels(group.env).observe(time.monotonic() - started)
@@ -184,7 +187,7 @@ class Orchestrator:
             await self._settle(group, member, service, outcome)
         except Exception:  # noqa: BLE001
             log.exception("episode %s: settling failed; running it again", episode_id)
-            self._requeue(group, member, "error", failure=True)
+            self._requeue(group, member, ORCHESTRATOR_ERROR, failure=True)
         finally:
             self.settling -= 1
 
@@ -192,7 +195,7 @@ class Orchestrator:
         try:
             member.session_id, llm = await self.sessions.open(group, member, episode_id)
         except GatewayError as err:
-            return Outcome("error", error=str(err))
+            return Outcome("error", error=str(err), reason=ORCHESTRATOR_ERROR)
         self.ledger.touch(group)
         request = EpisodeRequest(episode_id=episode_id, task_id=group.task_id, seed=member.seed, llm=llm,
                                  max_turns=self.cfg.max_turns, deadline_s=self.cfg.episode_timeout_s)
@@ -202,39 +205,44 @@ class Orchestrator:
 
     async def _settle(self, group: Group, member: Member, service: Service, outcome: Outcome) -> None:
         response = outcome.response
-        if outcome.kind == "result" and response.status in USABLE:
+        if response is not None and response.outcome is OutcomeClass.model:
             await self._record(group, member, response)
         elif outcome.kind == "refused":
             service.backoff_until = time.monotonic() + REFUSAL_BACKOFF_S
             self._abort_session(member.session_id)
             self._requeue(group, member, "refused", failure=False)
         else:
-            error = outcome.error or f"env status {response.status.value}: {response.info.get('error', '')}"
-            log.warning("episode %s on %s failed: %s", group.episode_id(member), service.url, error[:300])
+            reason, error = _failure(outcome)
+            log.warning("episode %s on %s failed (%s): %s", group.episode_id(member), service.url, reason, error[:300])
             if outcome.unreachable:  # do not wait for missed heartbeats to stop sending it work
                 self.unhealthy(service, "unreachable")
-            await self._fail(group, member, "env_failed" if response else "error", error, response)
+            await self._fail(group, member, reason, error)
 
     async def _record(self, group: Group, member: Member, response: EpisodeResponse) -> None:
         await self.ledger.durable(group)  # the session id is in Redis before the session is recorded
-        finished = await self.sessions.finish(member.session_id, response.status.value, response.reward,
-                                              {"num_turns": response.num_turns, **response.info})
+        info = {"num_turns": response.num_turns, **response.info, "outcome": response.outcome.value,
+                "reason": response.reason.value}
+        finished = await self.sessions.finish(member.session_id, response.status.value, response.reward, info)
         if finished.status == "aborted":  # the gateway lost the session: nothing was recorded
             self._requeue(group, member, "session_lost", failure=False)
             return
         member.reward, member.num_turns = response.reward, response.num_turns
         self.metrics.reward.labels(group.env).observe(response.reward)
+        self._count_outcome(group.env, response.reason.value)
         self._finish_member(group, member, MemberState.done, response.status.value, finished.sample_refs)
 
-    async def _fail(self, group: Group, member: Member, reason: str, error: str,
-                    response: Optional[EpisodeResponse] = None) -> None:
+    async def _fail(self, group: Group, member: Member, reason: str, error: str) -> None:
+        """A failed attempt (`reason` of orchestrator/outcomes.py): run it again, or after max_attempts
+        give the member up with a "failed" session that says why (the trainer drops it)."""
         if member.failures + 1 < self.cfg.max_attempts:
             self._abort_session(member.session_id)
             self._requeue(group, member, reason, failure=True)
             return
         member.failures += 1
+        self._count_outcome(group.env, reason)
         await self.ledger.durable(group)
-        info: dict[str, Any] = {"error": error[:2000], "attempts": member.attempt}
+        info: dict[str, Any] = {"error": error[:2000], "attempts": member.attempt,
+                                "outcome": outcome_class(reason).value, "reason": reason}
         finished = await self.sessions.finish(member.session_id, "failed", 0.0, info) if member.session_id else None
         log.error("episode %s given up after %d failures: %s", group.episode_id(member), member.failures, error[:300])
         self._finish_member(group, member, MemberState.given_up, "failed", finished.sample_refs if finished else [])
@@ -246,12 +254,18 @@ class Orchestrator:
 
     def _requeue(self, group: Group, member: Member, reason: str, failure: bool) -> None:
         member.failures += int(failure)
+        if failure:
+            self._count_outcome(group.env, reason)
         member.state, member.session_id, member.ready_at = MemberState.pending, None, time.monotonic()
         self.scheduler.queue(group.env).pending.append((group, member))
         self.counters.retried += 1
         self.metrics.retries.labels(group.env, reason).inc()
         self.ledger.touch(group)
         self.wake()
+
+    def _count_outcome(self, env: str, reason: str) -> None:
+        self.counters.outcomes[env][reason] += 1
+        self.metrics.outcomes.labels(env, outcome_class(reason).value, reason).inc()
 
     def _finish_member(self, group: Group, member: Member, state: MemberState, status: str, refs: list[str]) -> None:
         member.state, member.status, member.sample_refs = state, status, list(refs)
@@ -306,15 +320,15 @@ class Orchestrator:
         running = self._running.get(service.env_id, {})
         log.warning("env %s (%s) at %s unhealthy (%s): re-dispatching its %d running episodes", service.name,
                     service.env_id, service.url, why, len(running))
-        self.evacuate(service, "unhealthy", why)
+        self.evacuate(service, why)
         self._services_changed(service)
 
-    def evacuate(self, service: Service, reason: str, why: str) -> None:
+    def evacuate(self, service: Service, why: str) -> None:
         for episode_id, (group, member, task) in list(self._running.get(service.env_id, {}).items()):
             task.cancel()
             self._release(service, episode_id)
             self.spawn(self.envs.cancel(service.url, episode_id))
-            self.spawn(self._fail(group, member, reason, f"{service.url}: {why}"))
+            self.spawn(self._fail(group, member, SERVICE_ERROR, f"{service.url} unhealthy: {why}"))
 
     async def remove(self, env_id: str) -> Optional[tuple[Service, int]]:
         """Deregister: nothing new goes there; its running episodes finish and count."""
@@ -350,7 +364,8 @@ class Orchestrator:
             c = self.counters.by_env[name]
             by_env[name] = EnvStatus(in_flight=sum(s.in_flight for s in q.services.values()), queued=len(q.pending),
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
-                                     healthy_services=q.healthy_services(), weight=q.weight)
+                                     healthy_services=q.healthy_services(), weight=q.weight,
+                                     outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
             in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued,
             completed=self.counters.total("completed"), failed=self.counters.total("failed"),
@@ -360,7 +375,7 @@ class Orchestrator:
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
             weight_version=self.backpressure.weight_version, paused=bool(self.pause_reasons),
             pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),
-            by_env=by_env)
+            outcomes=by_class(self.counters.total_outcomes()), by_env=by_env)
 
     async def close(self) -> None:
         """Stop attempts (their state stays in Redis for the next start) and close the clients."""
@@ -370,3 +385,13 @@ class Orchestrator:
         await asyncio.gather(*attempts, *self._background, return_exceptions=True)
         await self.sessions.close()
         await self.http.close()
+
+
+def _failure(outcome: Outcome) -> tuple[str, str]:
+    """(reason, what broke) of an attempt that did not end in a model outcome."""
+    response = outcome.response
+    if response is None:
+        return outcome.reason, outcome.error
+    if response.outcome is OutcomeClass.cancelled:  # never one the orchestrator cancelled: those are not settled
+        return SERVICE_ERROR, "the env service aborted the episode (draining, or cancelled there)"
+    return response.reason.value, str(response.info.get("error", ""))

@@ -17,14 +17,27 @@ class Counters:
     by_env: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: dict.fromkeys(PER_ENV, 0)))
     cursors: dict[str, int] = field(default_factory=dict)
     """Per env: position in its task order of the next group."""
+    outcomes: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    """Per env: attempts that ended, by reason (orchestrator/outcomes.py): a model outcome once per
+    member, a failure once per failed attempt (retried or given up)."""
 
     def total(self, name: str) -> int:
         return sum(c[name] for c in self.by_env.values())
+
+    def total_outcomes(self) -> dict[str, int]:
+        """Attempts by reason, over every env."""
+        totals: dict[str, int] = defaultdict(int)
+        for reasons in self.outcomes.values():
+            for reason, n in reasons.items():
+                totals[reason] += n
+        return totals
 
     def to_meta(self) -> dict[str, int]:
         meta = {"retried": self.retried, "ordinal": self.ordinal}
         meta.update({f"cursor:{env}": n for env, n in self.cursors.items()})
         meta.update({f"{name}:{env}": c[name] for env, c in self.by_env.items() for name in PER_ENV})
+        meta.update({f"outcome:{reason}:{env}": n for env, reasons in self.outcomes.items()
+                     for reason, n in reasons.items()})
         return meta
 
     @classmethod
@@ -34,6 +47,9 @@ class Counters:
             name, _, env = key.partition(":")
             if name == "cursor":
                 counters.cursors[env] = int(value)
+            elif name == "outcome":  # outcome:<reason>:<env>; reasons have no colon, env names may
+                reason, _, env = env.partition(":")
+                counters.outcomes[env][reason] = int(value)
             elif name in PER_ENV:
                 counters.by_env[env][name] = int(value)
         return counters

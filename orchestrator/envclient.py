@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, InfoResponse, TasksResponse
 from orchestrator.http import HTTPFailure, SendClock, request_json
+from orchestrator.outcomes import SERVICE_ERROR
 
 log = logging.getLogger("orchestrator.envclient")
 
@@ -27,6 +28,8 @@ class Outcome:
     error: str = ""
     unreachable: bool = False
     """No connection to the service could be made: it is down."""
+    reason: str = SERVICE_ERROR
+    """Of an error (no response): why the attempt failed (orchestrator/outcomes.py)."""
 
 
 class EnvClient:

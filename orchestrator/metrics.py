@@ -18,8 +18,11 @@ class OrchestratorMetrics:
         r = self.registry
         self.episodes = Counter("asyncrl_orch_episodes", "Episodes finished, by env and final status "
                                 "(completed, truncated, given_up)", ["env", "status"], registry=r)
-        self.retries = Counter("asyncrl_orch_retries", "Re-dispatches, by env and reason "
-                               "(error, env_failed, refused, unhealthy, restart)", ["env", "reason"], registry=r)
+        self.retries = Counter("asyncrl_orch_retries", "Re-dispatches, by env and reason (a failure's reason, "
+                               "or refused, session_lost, restart)", ["env", "reason"], registry=r)
+        self.outcomes = Counter("asyncrl_orch_outcomes", "Attempts that ended, by env, outcome class and reason "
+                                "(model outcomes once per member, failures once per failed attempt)",
+                                ["env", "outcome", "reason"], registry=r)
         self.groups = Counter("asyncrl_orch_groups_completed", "GroupRecords appended", ["env"], registry=r)
         self.in_flight = Gauge("asyncrl_orch_in_flight", "Episodes running at env services", ["env"], registry=r)
         self.queued = Gauge("asyncrl_orch_queued", "Episodes of accepted groups waiting for a slot", registry=r)

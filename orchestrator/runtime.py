@@ -77,6 +77,7 @@ class Runtime:
             values = {k: float(getattr(status, k)) for k in ("in_flight", "queued", "completed", "failed", "retried",
                                                              "groups_completed", "episodes_per_s")}
             values["dispatch_overhead_p99_ms"] = status.dispatch_overhead.p99_ms
+            values.update({f"outcome_{cls}": float(sum(reasons.values())) for cls, reasons in status.outcomes.items()})
             try:
                 await self.store.add_metrics("orchestrator", values)
             except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down

@@ -31,9 +31,11 @@ class ReverseWordEnv(Environment):
             return ToolResult("thanks", done=True)
 
         messages = [{"role": "user", "content": f"Reverse the word {WORDS[task_id]} and submit it."}]
-        await AgentLoop(llm, ctx, [Tool("submit", "Submit the answer.", schema({"text": "answer"}), submit)]).run(messages)
+        outcome = await AgentLoop(llm, ctx, [Tool("submit", "Submit the answer.", schema({"text": "answer"}),
+                                                  submit)]).run(messages)
         right = submitted == [WORDS[task_id][::-1]]
-        return EpisodeResult(reward=self.bonus if right else 0.0, info={"submitted": submitted})
+        return EpisodeResult(reward=self.bonus if right else 0.0, status=outcome.status, reason=outcome.reason,
+                             info={"submitted": submitted})
 
 
 @pytest.fixture
@@ -64,5 +66,6 @@ async def test_custom_env_registers_and_plays_episodes(harness):
         wrong_url, _ = llm.script(call("submit", text="onyx"))
         good = await run_episode(client, service.url, "w-3", right_url)
         bad = await run_episode(client, service.url, "w-3", wrong_url)
-    assert (good["reward"], good["status"], good["num_turns"]) == (0.5, "completed", 1)
+    assert (good["reward"], good["status"], good["reason"], good["outcome"], good["num_turns"]) == (
+        0.5, "completed", "completed", "model", 1)
     assert (bad["reward"], bad["info"]["submitted"]) == (0.0, ["onyx"])

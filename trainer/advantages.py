@@ -2,7 +2,8 @@
 group-relative advantages. docs/trainer.md has the rules with their reasons; in short:
 
 * A group *member* is one episode, i.e. one gateway session; its segments are the group's samples
-  with that session_id (usually exactly one). A member is invalid when any segment failed, when it is
+  with that session_id (usually exactly one). A member is invalid when any segment failed (the
+  environment or the infrastructure broke: env error, sandbox, LLM endpoint, deadline), when it is
   stale (w_now - first weight version > tau, measured on its oldest generated token), or when it is
   missing from the record. Stale members count as invalid for the group rule, like failed ones.
 * A group with more than half of `group_size` valid members is padded back to `group_size` by
@@ -14,12 +15,14 @@ group-relative advantages. docs/trainer.md has the rules with their reasons; in 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from itertools import cycle, islice
 from typing import Callable, Sequence
 
 import numpy as np
 
+from asyncrl.protocols.env_service import OutcomeClass
 from asyncrl.types import Sample, TrainingGroup
 
 log = logging.getLogger(__name__)
@@ -63,15 +66,33 @@ class FilterStats:
     groups_padded: int = 0
     groups_dropped: int = 0
     failed: int = 0
+    failed_environment: int = 0
+    """Failed members whose environment broke (a tool, the grader); `failed` counts every failed one."""
+    failed_infrastructure: int = 0
+    """Failed members whose infrastructure broke (deadline, sandbox, LLM endpoint, env service)."""
     stale: int = 0
     missing: int = 0
     """Members the record's group_size promised but no sample carries."""
     aborted: int = 0
     """Aborted samples must never reach the trainer; counted (and logged) if they do."""
     padding_copies: int = 0
+    failed_by_reason: Counter = field(default_factory=Counter)
+    """(env, reason) -> failed members; reason "unknown" for samples recorded without one."""
 
     def __add__(self, other: "FilterStats") -> "FilterStats":
         return FilterStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def count_failure(self, env: str, sample: Sample) -> None:
+        self.failed_environment += sample.outcome_class == OutcomeClass.environment.value
+        self.failed_infrastructure += sample.outcome_class == OutcomeClass.infrastructure.value
+        self.failed_by_reason[env, sample.outcome_reason or "unknown"] += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The `filter_*` entries of a step's metrics: every count, and failed members per env and reason
+        (`filter_failed/<env>/<reason>`)."""
+        flat = {f"filter_{f.name}": float(getattr(self, f.name)) for f in fields(self) if f.name != "failed_by_reason"}
+        flat.update({f"filter_failed/{env}/{reason}": float(n) for (env, reason), n in self.failed_by_reason.items()})
+        return flat
 
 
 @dataclass
@@ -116,6 +137,9 @@ def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, a
     valid = [m for m, kind in zip(found, kinds) if kind == "valid"]
     stats = FilterStats(failed=kinds.count("failed"), stale=kinds.count("stale"), aborted=kinds.count("aborted"),
                         missing=max(size - len(found), 0))
+    for member, kind in zip(found, kinds):
+        if kind == "failed":
+            stats.count_failure(group.record.env, next(s for s in member if s.status == "failed"))
     if 2 * len(valid) <= size:
         stats.groups_dropped = 1
         return ScoredGroup(group, [], stats)

@@ -84,7 +84,7 @@ def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport
         "staleness_max": float(max(staleness, default=0)), "fill_ratio": batch.fill_ratio,
         "routing_replayed": replayed_fraction(batch.micro_batches),
         "wait_s": wait_s, "train_s": train_s, "step_s": step_s,
-        **{f"filter_{k}": v for k, v in vars(batch.stats).items()}, **result.metrics,
+        **batch.stats.metrics(), **result.metrics,
         **{f"staleness_count_{k}": n for k, n in zip(*np.unique(staleness, return_counts=True))},
     }
     if push is not None:

@@ -1,7 +1,10 @@
 """Wire types of the env-service protocol (shared/protocols/env-service.md), named after the endpoints.
 
 No logic lives here: env services (envs/sdk/app.py) accept and return these types and the
-orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field.
+orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field;
+an EpisodeResponse also checks that its status agrees with its reason. The outcome taxonomy
+(OutcomeClass, EpisodeReason, OUTCOMES) is the vocabulary of an episode's ending that the env
+service, the orchestrator and the trainer share (docs/envs.md "Outcomes").
 """
 
 from __future__ import annotations
@@ -9,18 +12,71 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 
 class EpisodeStatus(str, Enum):
+    """What the trainer does with the episode; `EpisodeResponse.reason` says why it ended."""
+
     completed = "completed"
     """The episode ran to its end; the reward is the environment's verdict."""
     truncated = "truncated"
-    """The agent ran out of turns or the deadline passed; the reward covers what was done."""
+    """The model ran out of turns or tokens; the reward covers what was done. Trained like completed."""
     failed = "failed"
-    """The environment broke (sandbox or LLM endpoint error), not the agent: drop the sample."""
+    """The environment or the infrastructure broke (env error, sandbox, LLM endpoint, deadline), not the
+    model: the sample is dropped and counts as invalid for the group rule."""
     aborted = "aborted"
     """Cancelled through POST /episodes/{id}/cancel (or service shutdown): never trained on."""
+
+
+class OutcomeClass(str, Enum):
+    """Whose doing an episode's ending is; it decides whether the episode is trained."""
+
+    model = "model"
+    """The model finished, or ran out of turns or tokens: trained, whatever the reward."""
+    environment = "environment"
+    """The environment's own code broke (a tool, the grader, a result it cannot return): excluded."""
+    infrastructure = "infrastructure"
+    """What runs the episode failed (deadline, sandbox, LLM endpoint, env service): excluded. A slow
+    host is not a bad answer, so it must not be trained as reward 0."""
+    cancelled = "cancelled"
+    """Cancelled by the caller or a shutdown: never recorded."""
+
+
+class EpisodeReason(str, Enum):
+    """Why an episode ended, as the env service reports it; OUTCOMES gives its class and status."""
+
+    completed = "completed"
+    max_turns = "max_turns"
+    """The agent made max_turns model calls (the default reason of a truncated result)."""
+    max_tokens = "max_tokens"
+    """The model's last reply was cut at max_tokens (or the context filled up)."""
+    env_error = "env_error"
+    """run_episode raised (a tool, the grader, setup) or returned something the protocol cannot carry."""
+    deadline_exceeded = "deadline_exceeded"
+    """deadline_s passed before the episode ended."""
+    sandbox_error = "sandbox_error"
+    """The sandbox could not run a command or set up the episode (envs.sdk.SandboxError)."""
+    llm_error = "llm_error"
+    """The LLM endpoint (gateway, engine) failed: unreachable, timed out, or answered an error."""
+    cancelled = "cancelled"
+
+
+OUTCOMES: dict[EpisodeReason, tuple[OutcomeClass, EpisodeStatus]] = {
+    EpisodeReason.completed: (OutcomeClass.model, EpisodeStatus.completed),
+    EpisodeReason.max_turns: (OutcomeClass.model, EpisodeStatus.truncated),
+    EpisodeReason.max_tokens: (OutcomeClass.model, EpisodeStatus.truncated),
+    EpisodeReason.env_error: (OutcomeClass.environment, EpisodeStatus.failed),
+    EpisodeReason.deadline_exceeded: (OutcomeClass.infrastructure, EpisodeStatus.failed),
+    EpisodeReason.sandbox_error: (OutcomeClass.infrastructure, EpisodeStatus.failed),
+    EpisodeReason.llm_error: (OutcomeClass.infrastructure, EpisodeStatus.failed),
+    EpisodeReason.cancelled: (OutcomeClass.cancelled, EpisodeStatus.aborted),
+}
+"""The class and the status each reason implies (one table, so the three cannot disagree)."""
+
+DEFAULT_REASONS = {EpisodeStatus.completed: EpisodeReason.completed, EpisodeStatus.truncated: EpisodeReason.max_turns,
+                   EpisodeStatus.failed: EpisodeReason.env_error, EpisodeStatus.aborted: EpisodeReason.cancelled}
+"""The reason a status stands for when none is given (an env's result, a service built before reasons)."""
 
 
 class SamplingParams(BaseModel):
@@ -51,7 +107,7 @@ class EpisodeRequest(BaseModel):
     max_turns: int = Field(20, ge=1)
     """Model calls the agent may make; the environment stops asking after this many (-> truncated)."""
     deadline_s: float = Field(600.0, gt=0)
-    """Wall-clock budget of the whole episode; past it the episode ends as truncated."""
+    """Wall-clock budget of the whole episode; past it the episode fails (reason deadline_exceeded)."""
 
 
 class EpisodeResponse(BaseModel):
@@ -59,9 +115,35 @@ class EpisodeResponse(BaseModel):
     task_id: str
     reward: float
     status: EpisodeStatus
+    reason: EpisodeReason
+    """Why it ended; must agree with `status` (OUTCOMES)."""
     num_turns: int
     """Model calls made (chat completion requests sent to the endpoint)."""
     info: dict[str, Any] = Field(default_factory=dict)
+
+    @computed_field
+    @property
+    def outcome(self) -> OutcomeClass:
+        """The reason's class, sent for readers that do not know the reason (ignored on input)."""
+        return OUTCOMES[self.reason][0]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reason_of_older_services(cls, body: Any) -> Any:
+        """Services built before reasons existed send none: derive it from the status. Their deadline
+        cut came as `truncated` with info.reason = deadline_exceeded; it is a failure now."""
+        if not isinstance(body, dict) or "reason" in body or body.get("status") not in set(EpisodeStatus):
+            return body
+        if body["status"] == EpisodeStatus.truncated and (body.get("info") or {}).get("reason") == "deadline_exceeded":
+            return {**body, "status": EpisodeStatus.failed, "reason": EpisodeReason.deadline_exceeded}
+        return {**body, "reason": DEFAULT_REASONS[EpisodeStatus(body["status"])]}
+
+    @model_validator(mode="after")
+    def _status_agrees_with_reason(self) -> "EpisodeResponse":
+        if OUTCOMES[self.reason][1] is not self.status:
+            raise ValueError(f"reason {self.reason.value!r} means status {OUTCOMES[self.reason][1].value!r}, "
+                             f"not {self.status.value!r}")
+        return self
 
 
 class CancelResponse(BaseModel):

@@ -78,13 +78,16 @@ class EnvStatus(BaseModel):
     in_flight: int
     queued: int
     completed: int
-    """Episodes finished with a usable result (completed or truncated)."""
+    """Episodes finished with a model outcome (completed, or truncated by max_turns / max_tokens): trained."""
     failed: int
     """Episodes given up after max_attempts."""
     groups_completed: int
     healthy_services: int
     weight: float
     """Effective dispatch weight (config by name, else by domain, else the registered weight)."""
+    outcomes: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Attempts that ended, by outcome class then reason (model: trained, once per member; environment,
+    infrastructure: one per failed attempt, retried or given up), e.g. {"infrastructure": {"deadline_exceeded": 2}}."""
 
 
 class OverheadSummary(BaseModel):
@@ -123,6 +126,8 @@ class StatusResponse(BaseModel):
     pause_reasons: list[str]
     """Why no new groups start: "operator" (POST /v1/pause), "unconsumed_groups", "staleness"."""
     dispatch_overhead: OverheadSummary
+    outcomes: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """EnvStatus.outcomes summed over the envs."""
     by_env: dict[str, EnvStatus]
 
 

@@ -14,8 +14,8 @@ See docs/envs.md.
 
 from envs.sdk.agent import AgentLoop, LoopOutcome, Tool, ToolResult, schema
 from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
-from asyncrl.protocols.env_service import EpisodeStatus
-from envs.sdk.sandbox import ExecResult, Sandbox, SandboxConfig
+from asyncrl.protocols.env_service import EpisodeReason, EpisodeStatus
+from envs.sdk.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
 
-__all__ = ["AgentLoop", "Environment", "EpisodeContext", "EpisodeResult", "EpisodeStatus", "ExecResult",
-           "LoopOutcome", "Sandbox", "SandboxConfig", "Tool", "ToolResult", "schema"]
+__all__ = ["AgentLoop", "Environment", "EpisodeContext", "EpisodeReason", "EpisodeResult", "EpisodeStatus",
+           "ExecResult", "LoopOutcome", "Sandbox", "SandboxConfig", "SandboxError", "Tool", "ToolResult", "schema"]

@@ -3,12 +3,14 @@
     ASK ──(reply has tool calls)──> ACT ──(no tool ended the episode)──> ASK
      │                               └──(a tool returned done)──> FINISHED
      ├──(reply has no tool call)──> FINISHED
+     ├──(reply has no tool call and was cut at max_tokens)──> OUT_OF_TOKENS
      └──(max_turns model calls made)──> OUT_OF_TURNS
 
 ASK sends the conversation and the tool schemas to the model; ACT executes each tool call and
 appends its observation as a `role: "tool"` message. Mistakes of the agent (unknown tool, arguments
 that are not JSON or miss a field) become observations it can react to; exceptions raised by a tool
-itself mean the environment broke and propagate (the episode is reported failed).
+itself mean the environment broke and propagate (the episode is reported failed). OUT_OF_TURNS and
+OUT_OF_TOKENS are the model's doing: `LoopOutcome.status` / `.reason` report them as truncated.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Union
 
+from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, EpisodeStatus
 from envs.sdk.base import EpisodeContext
 
 if TYPE_CHECKING:
@@ -50,21 +53,32 @@ class Phase(Enum):
     ACT = "act"
     FINISHED = "finished"
     OUT_OF_TURNS = "out_of_turns"
+    OUT_OF_TOKENS = "out_of_tokens"
+
+
+_PHASE_REASONS = {Phase.FINISHED: EpisodeReason.completed, Phase.OUT_OF_TURNS: EpisodeReason.max_turns,
+                  Phase.OUT_OF_TOKENS: EpisodeReason.max_tokens}
 
 
 @dataclass
 class LoopOutcome:
     phase: Phase
-    """FINISHED or OUT_OF_TURNS."""
+    """FINISHED, OUT_OF_TURNS or OUT_OF_TOKENS."""
     turns: int
     """Model calls made."""
     final_text: Optional[str]
-    """Content of the last model reply when it ended without a tool call."""
+    """Content of the last model reply when it ended without a tool call (cut or not)."""
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def out_of_turns(self) -> bool:
-        return self.phase is Phase.OUT_OF_TURNS
+    def reason(self) -> EpisodeReason:
+        """completed, max_turns or max_tokens: what to put into EpisodeResult.reason."""
+        return _PHASE_REASONS[self.phase]
+
+    @property
+    def status(self) -> EpisodeStatus:
+        """completed, or truncated when the model ran out of turns or tokens."""
+        return OUTCOMES[self.reason][1]
 
 
 def schema(properties: dict[str, str], required: Optional[list[str]] = None) -> dict[str, Any]:
@@ -82,30 +96,32 @@ class AgentLoop:
         self.max_observation_chars = max_observation_chars
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopOutcome:
-        """Drive the conversation (appended to in place) until FINISHED or OUT_OF_TURNS."""
+        """Drive the conversation (appended to in place) until FINISHED, OUT_OF_TURNS or OUT_OF_TOKENS."""
         phase, turns, reply = Phase.ASK, 0, None
         while phase in (Phase.ASK, Phase.ACT):
             if phase is Phase.ASK:
                 if turns >= self.ctx.max_turns:
                     phase = Phase.OUT_OF_TURNS
                     break
-                reply = await self._ask(messages)
+                reply, cut = await self._ask(messages)
                 turns += 1
-                phase = Phase.ACT if reply.tool_calls else Phase.FINISHED
+                phase = Phase.ACT if reply.tool_calls else Phase.OUT_OF_TOKENS if cut else Phase.FINISHED
             else:
                 phase = Phase.FINISHED if await self._act(reply.tool_calls, messages) else Phase.ASK
-        final_text = reply.content if phase is Phase.FINISHED and reply is not None and not reply.tool_calls else None
-        return LoopOutcome(phase, turns, final_text, messages)
+        ended_by_reply = phase in (Phase.FINISHED, Phase.OUT_OF_TOKENS) and reply is not None and not reply.tool_calls
+        return LoopOutcome(phase, turns, reply.content if ended_by_reply else None, messages)
 
     async def _ask(self, messages: list[dict[str, Any]]):
+        """The model's reply, appended to the conversation, and whether max_tokens cut it."""
         response = await self.llm.chat.completions.create(
             messages=messages, tools=[t.schema() for t in self.tools.values()], **self.ctx.completion_args())
-        reply = response.choices[0].message
+        choice = response.choices[0]
+        reply = choice.message
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = [call.model_dump(include={"id", "type", "function"}) for call in reply.tool_calls]
         messages.append(message)
-        return reply
+        return reply, choice.finish_reason == "length"
 
     async def _act(self, tool_calls, messages: list[dict[str, Any]]) -> bool:
         """Run the calls in order; True when one of them ended the episode (later calls are skipped)."""

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from asyncrl.protocols.env_service import EpisodeStatus
+from asyncrl.protocols.env_service import EpisodeReason, EpisodeStatus
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -41,18 +41,26 @@ class EpisodeContext:
 
 @dataclass
 class EpisodeResult:
+    """What the environment makes of an episode the model played: always a model outcome (trained).
+    Raise instead when the environment or its infrastructure broke (docs/envs.md "Outcomes")."""
+
     reward: float
     status: EpisodeStatus = EpisodeStatus.completed
-    """completed, or truncated when the agent ran out of turns. Raise to report `failed`."""
+    """completed, or truncated when the model ran out of turns or tokens."""
     info: dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable details (parsed answer, verifier output, ...), returned to the caller."""
+    reason: Optional[EpisodeReason] = None
+    """completed, max_turns or max_tokens; None means completed for a completed result and max_turns
+    for a truncated one (`LoopOutcome.reason` is the AgentLoop's)."""
 
 
 class Environment(ABC):
     """An environment: a set of tasks and an agent loop that plays one of them and scores it.
 
     Subclasses take their options as keyword arguments of __init__ (the service's `options`).
-    Exceptions escaping run_episode mean the environment broke: the SDK reports status "failed".
+    Exceptions escaping run_episode mean the environment broke: the SDK reports status "failed" with
+    the reason the exception names (SandboxError: sandbox_error, an openai.APIError: llm_error,
+    anything else: env_error), and the sample is not trained.
     """
 
     name: ClassVar[str]

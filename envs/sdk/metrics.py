@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from asyncrl.protocols.env_service import EpisodeStatus
+from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, OutcomeClass
 
 
 class ServiceMetrics:
@@ -13,6 +13,9 @@ class ServiceMetrics:
         labels = {"env": env_name}
         self.episodes = Counter("asyncrl_env_episodes_total", "Finished episodes by status", ["env", "status"],
                                 registry=self.registry)
+        self.outcomes = Counter("asyncrl_env_outcomes_total", "Finished episodes by outcome class (model: trained; "
+                                "environment, infrastructure: excluded; cancelled) and reason",
+                                ["env", "outcome", "reason"], registry=self.registry)
         self.rejected = Counter("asyncrl_env_rejected_total", "Episodes refused with 429 (at capacity)", ["env"],
                                 registry=self.registry).labels(**labels)
         self.in_flight = Gauge("asyncrl_env_in_flight", "Episodes running now", ["env"],
@@ -20,22 +23,28 @@ class ServiceMetrics:
         self.duration = Histogram("asyncrl_env_episode_seconds", "Wall clock of finished episodes", ["env"],
                                   buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
                                   registry=self.registry).labels(**labels)
-        self.reward = Histogram("asyncrl_env_reward", "Rewards of completed and truncated episodes", ["env"],
+        self.reward = Histogram("asyncrl_env_reward", "Rewards of model outcomes (completed, truncated)", ["env"],
                                 buckets=(0.0, 0.25, 0.5, 0.75, 1.0), registry=self.registry).labels(**labels)
         self.turns = Histogram("asyncrl_env_turns", "Model calls per episode", ["env"],
                                buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry).labels(**labels)
         Gauge("asyncrl_env_sandbox_info", "Sandbox backend in use (1 = this type)", ["env", "type"],
               registry=self.registry).labels(env=env_name, type=sandbox_type).set(1)
         self._env = env_name
-        for status in EpisodeStatus:  # so every series exists from the start
-            self.episodes.labels(env=env_name, status=status.value)
+        for reason in EpisodeReason:  # so every series exists from the start
+            self._series(reason)
 
-    def finished(self, status: EpisodeStatus, reward: float, turns: int, seconds: float) -> None:
-        self.episodes.labels(env=self._env, status=status.value).inc()
+    def finished(self, reason: EpisodeReason, reward: float, turns: int, seconds: float) -> None:
+        for counter in self._series(reason):
+            counter.inc()
         self.duration.observe(seconds)
         self.turns.observe(turns)
-        if status in (EpisodeStatus.completed, EpisodeStatus.truncated):
+        if OUTCOMES[reason][0] is OutcomeClass.model:
             self.reward.observe(reward)
+
+    def _series(self, reason: EpisodeReason) -> tuple[Counter, Counter]:
+        outcome, status = OUTCOMES[reason]
+        return (self.episodes.labels(env=self._env, status=status.value),
+                self.outcomes.labels(env=self._env, outcome=outcome.value, reason=reason.value))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,10 +1,16 @@
 """The life of an episode inside a service: admission, the env call, deadline, cancel, outcome.
 
 admit ──> play (LLM client + fresh sandbox + env.run_episode, under the deadline) ──> response
-            ├─ returns EpisodeResult       -> its status (completed / truncated)
-            ├─ deadline passes             -> truncated, info.reason = deadline_exceeded
-            ├─ POST .../cancel or drain    -> aborted
-            └─ raises                      -> failed, info.error (the environment broke)
+            ├─ returns EpisodeResult       -> completed / truncated (reason completed, max_turns, max_tokens)
+            ├─ deadline passes             -> failed, reason deadline_exceeded
+            ├─ raises SandboxError         -> failed, reason sandbox_error
+            ├─ raises openai.APIError      -> failed, reason llm_error (the LLM endpoint failed)
+            ├─ raises anything else, or returns what the protocol cannot carry
+            │                              -> failed, reason env_error
+            └─ POST .../cancel or drain    -> aborted, reason cancelled
+
+This is where an episode's outcome class is decided (asyncrl/protocols/env_service.py OUTCOMES):
+only what the environment returns is a model outcome; every failure has info.error saying what broke.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import AsyncIterator, Optional
 
 import httpx
-from openai import AsyncOpenAI
+from openai import APIError, AsyncOpenAI
 
+from asyncrl.protocols.env_service import (DEFAULT_REASONS, OUTCOMES, EpisodeReason, EpisodeRequest, EpisodeResponse,
+                                           EpisodeStatus, OutcomeClass)
 from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
 from envs.sdk.metrics import ServiceMetrics
-from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, EpisodeStatus
-from envs.sdk.sandbox import SandboxBackend
+from envs.sdk.sandbox import SandboxBackend, SandboxError
 
 log = logging.getLogger("envs.runner")
 
@@ -108,11 +115,12 @@ class EpisodeRunner:
             del self._running[req.episode_id]
             self.metrics.in_flight.set(len(self._running))
         elapsed = time.monotonic() - started
-        self.metrics.finished(result.status, result.reward, counter.turns, elapsed)
-        log.info("episode=%s task=%s status=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id, req.task_id,
-                 result.status.value, result.reward, counter.turns, elapsed)
+        self.metrics.finished(result.reason, result.reward, counter.turns, elapsed)
+        log.info("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
+                 req.task_id, result.status.value, result.reason.value, result.reward, counter.turns, elapsed)
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
-                               status=result.status, num_turns=counter.turns, info=_jsonable(result.info))
+                               status=result.status, reason=result.reason, num_turns=counter.turns,
+                               info=_jsonable(result.info))
 
     def cancel(self, episode_id: str) -> bool:
         play = self._running.get(episode_id)
@@ -139,7 +147,7 @@ class EpisodeRunner:
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():
                 raise  # the request itself is being torn down, not just this episode
-            return EpisodeResult(0.0, EpisodeStatus.aborted, {"reason": "cancelled"})
+            return _ended(EpisodeReason.cancelled, {})
 
     async def _play(self, req: EpisodeRequest, counter: _TurnCounter) -> EpisodeResult:
         ctx = EpisodeContext(episode_id=req.episode_id, task_id=req.task_id, seed=req.seed, max_turns=req.max_turns,
@@ -148,14 +156,12 @@ class EpisodeRunner:
         try:
             async with budget, self._llm(req, counter) as llm, self._sandbox(req.episode_id) as sandbox:
                 result = await self.env.run_episode(req.task_id, llm, sandbox, ctx)
-        except TimeoutError:
-            if not budget.expired():
-                raise
-            return EpisodeResult(0.0, EpisodeStatus.truncated, {"reason": "deadline_exceeded",
+        except Exception as err:  # noqa: BLE001 - anything escaping the env is a failure, never the model's
+            if budget.expired():
+                return _ended(EpisodeReason.deadline_exceeded, {"error": f"deadline_s={req.deadline_s:g} passed",
                                                                 "deadline_s": req.deadline_s})
-        except Exception as err:  # noqa: BLE001 - anything escaping the env means the env broke
             log.exception("episode=%s task=%s failed", req.episode_id, req.task_id)
-            return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"{type(err).__name__}: {err}"})
+            return _ended(_failure_reason(err), {"error": f"{type(err).__name__}: {err}"})
         return _checked(result, type(self.env).__name__)
 
     @asynccontextmanager
@@ -175,16 +181,35 @@ class EpisodeRunner:
         return self.sandboxes.session(episode_id)
 
 
+def _ended(reason: EpisodeReason, info: dict) -> EpisodeResult:
+    """An episode that ended without a result of the environment: reward 0, the reason's status."""
+    return EpisodeResult(0.0, OUTCOMES[reason][1], info, reason)
+
+
+def _failure_reason(err: Exception) -> EpisodeReason:
+    """The reason an exception out of the episode names: the sandbox, the LLM endpoint, or the env itself."""
+    if isinstance(err, SandboxError):
+        return EpisodeReason.sandbox_error
+    if isinstance(err, APIError):
+        return EpisodeReason.llm_error
+    return EpisodeReason.env_error
+
+
 def _checked(result: EpisodeResult, env_name: str) -> EpisodeResult:
-    """A result the protocol can carry, or a failed one saying what the env got wrong."""
+    """The env's result as a model outcome with its reason, or an env_error saying what the env got wrong."""
     if not isinstance(result, EpisodeResult):
-        return EpisodeResult(0.0, EpisodeStatus.failed,
-                             {"error": f"{env_name}.run_episode returned {type(result).__name__}, not EpisodeResult"})
-    if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
-        return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"non-finite reward {result.reward!r}"})
-    if result.status not in (EpisodeStatus.completed, EpisodeStatus.truncated):
-        return EpisodeResult(0.0, EpisodeStatus.failed, {"error": f"env returned status {result.status.value!r}"})
-    return result
+        problem = f"{env_name}.run_episode returned {type(result).__name__}, not EpisodeResult"
+    elif not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+        problem = f"non-finite reward {result.reward!r}"
+    elif result.status not in (EpisodeStatus.completed, EpisodeStatus.truncated):
+        problem = f"env returned status {getattr(result.status, 'value', result.status)!r}; raise to report a failure"
+    else:
+        status = EpisodeStatus(result.status)
+        reason = result.reason or DEFAULT_REASONS[status]
+        if OUTCOMES.get(reason) == (OutcomeClass.model, status):
+            return EpisodeResult(result.reward, status, result.info, EpisodeReason(reason))
+        problem = f"env returned status {status.value!r} with reason {getattr(reason, 'value', reason)!r}"
+    return _ended(EpisodeReason.env_error, {"error": problem})
 
 
 def _jsonable(info: dict) -> dict:

@@ -38,6 +38,12 @@ class SandboxUnavailable(RuntimeError):
     """The configured isolation primitive does not work on this machine; the message says why."""
 
 
+class SandboxError(OSError):
+    """The sandbox itself failed (could not start a command, set up the episode directory, write files):
+    an infrastructure failure of the episode (reason sandbox_error), never the agent's doing. Commands the
+    agent breaks (non-zero exit, killed by a limit) are ExecResults, not this."""
+
+
 @dataclass
 class SandboxConfig:
     type: str = "namespace"
@@ -116,7 +122,10 @@ class Sandbox(ABC):
     async def _run(self, argv: list[str], stdin: Optional[bytes], timeout_s: Optional[float],
                    max_output_bytes: Optional[int]) -> ExecResult:
         started = time.monotonic()
-        proc = await self._spawn(argv, stdin is not None)
+        try:
+            proc = await self._spawn(argv, stdin is not None)
+        except OSError as err:
+            raise SandboxError(f"cannot start {argv[0]!r} in the sandbox: {err}") from err
         try:
             output, truncated, timed_out = await _collect(
                 proc, stdin, cap=max_output_bytes or self.config.max_output_bytes,
@@ -131,7 +140,7 @@ class Sandbox(ABC):
         """Create or overwrite files (relative paths) from inside the sandbox, as the episode's user."""
         result = await self.run(["tar", "-x", "--no-same-owner", "-f", "-"], stdin=_tar(files))
         if not result.ok:
-            raise OSError(f"writing {sorted(files)} in the sandbox failed: {result.output[-500:]}")
+            raise SandboxError(f"writing {sorted(files)} in the sandbox failed: {result.output[-500:]}")
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> Optional[bytes]:
         """A file's bytes as the sandbox sees it, or None when it does not exist or is unreadable."""

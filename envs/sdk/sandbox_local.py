@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
-from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxUnavailable, dir_name
+from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxError, SandboxUnavailable, dir_name
 
 log = logging.getLogger("envs.sandbox")
 
@@ -68,7 +68,10 @@ class LocalUnsafeBackend(SandboxBackend):
     @asynccontextmanager
     async def session(self, name: str) -> AsyncIterator[LocalUnsafeSandbox]:
         workdir = self.root / f"{dir_name(name)}-{next(self._names)}"
-        workdir.mkdir()
+        try:
+            workdir.mkdir()
+        except OSError as err:
+            raise SandboxError(f"setting up the sandbox of {name} failed: {err}") from err
         try:
             yield LocalUnsafeSandbox(workdir, self.config)
         finally:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import AsyncIterator, Optional, Sequence
 
 from envs.sdk.cgroups import EpisodeCgroups, find_hierarchies
-from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxUnavailable, dir_name
+from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxError, SandboxUnavailable, dir_name
 
 log = logging.getLogger("envs.sandbox")
 
@@ -105,10 +105,13 @@ class NamespaceBackend(SandboxBackend):
         workdir = self.root / f"{dir_name(name)}-{next(self._names)}"
         cgroups = None
         try:
-            await self._make_workdir(workdir, uid)
-            if self._hierarchies:
-                cgroups = EpisodeCgroups.create(self._hierarchies, f"{os.getpid()}-{workdir.name}",
-                                                self.config.memory_mb << 20, self.config.max_processes)
+            try:
+                await self._make_workdir(workdir, uid)
+                if self._hierarchies:
+                    cgroups = EpisodeCgroups.create(self._hierarchies, f"{os.getpid()}-{workdir.name}",
+                                                    self.config.memory_mb << 20, self.config.max_processes)
+            except OSError as err:
+                raise SandboxError(f"setting up the sandbox of {name} failed: {err}") from err
             yield NamespaceSandbox(workdir, self.config, uid, cgroups)
         finally:
             if cgroups is not None:
@@ -153,5 +156,5 @@ async def _check_call(*argv: str) -> None:
                                                 stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate()
     if proc.returncode != 0:
-        raise OSError(f"{' '.join(argv)}: {err.decode(errors='replace').strip()}")
+        raise SandboxError(f"{' '.join(argv)}: {err.decode(errors='replace').strip()}")
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, EpisodeStatus, Tool, ToolResult, schema
+from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, Tool, ToolResult, schema
 from envs.search.retrieval import BM25Index
 from envs.search.scoring import exact_match, f1
 
@@ -53,7 +53,7 @@ class SearchEnv(Environment):
         prediction = submitted[0] if submitted else (outcome.final_text or "")
         return EpisodeResult(
             reward=exact_match(prediction, question["answer"]),
-            status=EpisodeStatus.truncated if outcome.out_of_turns else EpisodeStatus.completed,
+            status=outcome.status, reason=outcome.reason,
             info={"prediction": prediction, "gold": question["answer"], "f1": f1(prediction, question["answer"]),
                   "hops": question["hops"], "used_answer_tool": bool(submitted)})
 

@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
-from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, EpisodeStatus, Sandbox, Tool, ToolResult
-from envs.sdk import schema
+from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, Sandbox, Tool, ToolResult
+from envs.sdk import SandboxError, schema
 from envs.sdk.sandbox import ExecResult
 
 DATA = Path(__file__).with_name("data") / "tasks.jsonl"
@@ -52,7 +52,7 @@ class SweEnv(Environment):
         passed, total = _counts(graded)
         return EpisodeResult(
             reward=1.0 if graded.ok else 0.0,
-            status=EpisodeStatus.truncated if outcome.out_of_turns else EpisodeStatus.completed,
+            status=outcome.status, reason=outcome.reason,
             info={"tests_passed": passed, "tests_run": total, "submitted": repo.submitted,
                   "grader_output": graded.output[-2000:]})
 
@@ -76,7 +76,7 @@ class SweEnv(Environment):
     async def unittest(self, sandbox: Sandbox, directory: str) -> ExecResult:
         result = await sandbox.run(["sh", "-c", f'cd "$1" && exec {self.python} -m unittest 2>&1', "sh", directory])
         if result.exit_code in MISSING_INTERPRETER:
-            raise RuntimeError(f"cannot run {self.python!r} in the sandbox: {result.output[-500:]}")
+            raise SandboxError(f"cannot run {self.python!r} in the sandbox: {result.output[-500:]}")
         return result
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, EpisodeStatus, ExecResult, Sandbox, Tool
+from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, ExecResult, Sandbox, Tool
 from envs.sdk import schema
 
 DATA = Path(__file__).with_name("data") / "tasks.jsonl"
@@ -58,6 +58,6 @@ class TerminalEnv(Environment):
         verdict = await sandbox.run(["bash", "-s"], stdin=task["verifier"].encode())
         return EpisodeResult(
             reward=1.0 if verdict.ok else 0.0,
-            status=EpisodeStatus.truncated if outcome.out_of_turns else EpisodeStatus.completed,
+            status=outcome.status, reason=outcome.reason,
             info={"verifier_exit_code": verdict.exit_code, "verifier_output": verdict.output[-2000:],
                   "verifier_timed_out": verdict.timed_out, "final_message": outcome.final_text})

@@ -30,6 +30,8 @@ class Reply:
     """(tool name, arguments dict or a raw arguments string)"""
     delay_s: float = 0.0
     """Answer this late (for deadline and cancellation tests)."""
+    finish_reason: Optional[str] = None
+    """None: tool_calls or stop, as the reply is; "length": the reply was cut at max_tokens."""
 
 
 def say(text: str, delay_s: float = 0.0) -> Reply:
@@ -104,5 +106,6 @@ def completion(model: str, reply: Reply) -> dict:
     message = {"role": "assistant", "content": reply.content, **({"tool_calls": tool_calls} if tool_calls else {})}
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": reply.finish_reason or ("tool_calls" if tool_calls else "stop")}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}

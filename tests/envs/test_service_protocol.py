@@ -76,13 +76,14 @@ async def test_cancel_ends_episode_as_aborted(service, scripted_llm):
     assert unknown.status_code == 404 and "e-never" in unknown.json()["error"]
 
 
-async def test_deadline_truncates(service, scripted_llm):
+async def test_deadline_is_an_infrastructure_failure_not_a_truncation(service, scripted_llm):
     url, _ = scripted_llm.script(say("1", delay_s=30))
     async with httpx.AsyncClient() as client:
         started = time.monotonic()
         result = await run_episode(client, service.url, TASK, url, deadline_s=1.0)
     assert time.monotonic() - started < 6
-    assert result["status"] == "truncated" and result["info"]["reason"] == "deadline_exceeded"
+    assert (result["status"], result["outcome"], result["reason"]) == ("failed", "infrastructure", "deadline_exceeded")
+    assert result["reward"] == 0.0 and result["info"]["deadline_s"] == 1.0
 
 
 async def test_broken_llm_endpoint_is_failed(service, scripted_llm):
@@ -93,6 +94,7 @@ async def test_broken_llm_endpoint_is_failed(service, scripted_llm):
     assert result["status"] == "failed" and "InternalServerError" in result["info"]["error"]
     assert len(script.requests) == 2  # the call and its one retry
     assert unreachable["status"] == "failed" and "APIConnectionError" in unreachable["info"]["error"]
+    assert {(r["outcome"], r["reason"]) for r in (result, unreachable)} == {("infrastructure", "llm_error")}
 
 
 @pytest.mark.parametrize("change,field", [

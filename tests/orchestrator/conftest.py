@@ -139,6 +139,20 @@ def env_pool(tmp_path_factory, journal_dir) -> list[EnvProcess]:
 
 
 @pytest.fixture
+def gateway(tiny_checkpoint, tmp_path, redis_server, run_name):
+    """A real TITO gateway recording this test's run, in front of the built-in CPU engine (tiny model)."""
+    pytest.importorskip("gateway.server", reason="the gateway component is not in this tree")
+    from tests.rollout.conftest import start_engine
+
+    engine = start_engine(tiny_checkpoint, tmp_path, name="engine")
+    proc = ServiceProcess("gateway.server", ["--engine", engine.url, "--redis-url", redis_server.url, "--run",
+                                             run_name], tmp_path, name="gateway")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+    assert engine.stop() == 0, engine.log()
+
+
+@pytest.fixture
 def orchestrators(tmp_path, redis_server, run_name):
     """start(*args) -> a running Orchestrator on this test's run; all stopped at teardown."""
     started: list[Orchestrator] = []

@@ -5,25 +5,8 @@ aborted attempts."""
 
 from collections import defaultdict
 
-import pytest
-
 from asyncrl.store import Store
 from tests.orchestrator.conftest import group_records, journal, running_at, start_envs, starts_by_episode
-from tests.services import ServiceProcess
-
-pytest.importorskip("gateway.server", reason="the gateway component is not in this tree")
-
-
-@pytest.fixture
-def gateway(tiny_checkpoint, tmp_path, redis_server, run_name):
-    from tests.rollout.conftest import start_engine
-
-    engine = start_engine(tiny_checkpoint, tmp_path, name="engine")
-    proc = ServiceProcess("gateway.server", ["--engine", engine.url, "--redis-url", redis_server.url, "--run",
-                                             run_name], tmp_path, name="gateway")
-    yield proc
-    assert proc.stop() == 0, proc.log()
-    assert engine.stop() == 0, engine.log()
 
 
 async def test_groups_through_the_gateway_survive_a_killed_env(gateway, orchestrators, tmp_path, redis_server,

@@ -22,11 +22,15 @@ class TimedEnv(Environment):
     domain = "test"
 
     def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
-                 broken: bool = False, jitter: float = 0.0):
+                 broken: bool = False, jitter: float = 0.0, stalled_members: int = 0, group_size: int = 1,
+                 stall_s: float = 60.0):
         self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
         """broken: every episode raises after its sleep (the service reports status failed)."""
         self.jitter = jitter
         """Sleep uniformly in sleep_s * (1 +- jitter), drawn from the episode seed (desynchronises load)."""
+        self.stalled_members, self.group_size, self.stall_s = stalled_members, group_size, stall_s
+        """Members seed % group_size < stalled_members of every group sleep stall_s instead (the orchestrator's
+        member seeds are consecutive from a multiple of group_size): episodes that overrun their deadline."""
         self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
         """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
 
@@ -46,7 +50,8 @@ class TimedEnv(Environment):
         outcome = "cancelled"
         try:
             replies = await self.talk(task_id, llm, ctx)
-            await asyncio.sleep(self.sleep_s * (1 + self.jitter * (2 * random.Random(ctx.seed).random() - 1)))
+            await asyncio.sleep(self.stall_s if ctx.seed % self.group_size < self.stalled_members else
+                                self.sleep_s * (1 + self.jitter * (2 * random.Random(ctx.seed).random() - 1)))
             if self.broken:
                 outcome = "broken"
                 raise RuntimeError("planted failure: this service is broken")

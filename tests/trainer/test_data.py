@@ -10,7 +10,9 @@ from asyncrl.store import Store
 from asyncrl.types import GroupRecord
 from tests.trainer.helpers import make_sample
 from trainer.advantages import ScoredSample
+from trainer.backends.base import StepResult
 from trainer.data import GroupLoader
+from trainer.loop import step_metrics
 from trainer.losses import direct_double_sided_is_loss
 from trainer.packing import fill_ratio, first_fit_decreasing, pack, to_micro_batch
 
@@ -96,12 +98,17 @@ def test_sequence_loss_over_packed_micro_batches_equals_mean_of_sample_means():
 CONFIG = TrainerConfig(groups_per_step=2, micro_batch_tokens=64, staleness_tau=2)
 
 
-async def put_group(store: Store, gid: str, size: int = 4, statuses=None, version: int = 10) -> None:
+async def put_group(store: Store, gid: str, size: int = 4, statuses=None, version: int = 10, reasons=None,
+                    env: str = "arith") -> None:
+    """`reasons[i]`: (outcome class, reason) the orchestrator recorded in member i's finish info (None: none)."""
     statuses = statuses or ["completed"] * size
     samples = [make_sample(f"{gid}-{i}", group_id=gid, status=st, reward=float(i % 2), version=version, seed=i)
                for i, st in enumerate(statuses)]
+    for sample, recorded in zip(samples, reasons or []):
+        if recorded is not None:
+            sample.metadata["info"] = {"outcome": recorded[0], "reason": recorded[1]}
     refs = [await store.add_sample(s) for s in samples]
-    await store.add_group(GroupRecord(gid, "t", "arith", refs, size))
+    await store.add_group(GroupRecord(gid, "t", env, refs, size))
 
 
 def group_ids(batch):
@@ -204,6 +211,26 @@ async def test_dropped_groups_are_consumed_with_the_step_but_not_trained(store):
     assert batch.num_loss_tokens == 8 * 4 and batch.normalizer("token") == 32 and batch.normalizer("sequence") == 8
     await loader.commit(batch)
     assert await store.unconsumed_groups() == 0
+
+
+async def test_failed_members_are_counted_by_class_env_and_reason_in_the_step_metrics(store):
+    cut = ("infrastructure", "deadline_exceeded")
+    await put_group(store, "swe-padded", env="swe", statuses=["completed", "failed", "completed", "completed"],
+                    reasons=[("model", "completed"), cut, ("model", "completed"), ("model", "completed")])
+    await put_group(store, "swe-dropped", env="swe", statuses=["failed", "failed", "truncated", "failed"],
+                    reasons=[cut, ("environment", "env_error"), ("model", "max_turns"), None])
+    await put_group(store, "arith-ok", env="arith", statuses=["completed", "truncated", "completed", "completed"])
+    loader = GroupLoader(store, "trainer-0", CONFIG, block_ms=50)
+    batch = await loader.next_step(10)
+    trained = {sid for mb in batch.micro_batches for sid in mb.sample_ids}
+    assert trained == {"swe-padded-0", "swe-padded-2", "swe-padded-3", "arith-ok-0", "arith-ok-1", "arith-ok-2",
+                       "arith-ok-3"}  # a truncated member is the model's doing and trained; no failed one is
+    metrics = step_metrics(batch, StepResult(0.0, 0.0, 1), None, 1, 10, 0.0, 1.0, 1.0)
+    assert {k: v for k, v in metrics.items() if k.startswith("filter_failed")} == {
+        "filter_failed": 4, "filter_failed_infrastructure": 2, "filter_failed_environment": 1,
+        "filter_failed/swe/deadline_exceeded": 2, "filter_failed/swe/env_error": 1, "filter_failed/swe/unknown": 1}
+    assert (metrics["filter_groups_kept"], metrics["filter_groups_padded"], metrics["filter_groups_dropped"]) == (2, 1, 1)
+    await loader.commit(batch)
 
 
 async def test_groups_trained_before_a_crash_are_acked_not_retrained(redis_server, run_name, store):
