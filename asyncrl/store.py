@@ -15,7 +15,8 @@ import asyncio
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Container, Iterable, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Container, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
@@ -53,6 +54,20 @@ RETRY_BACKOFF_CAP_S = 1.0
 REGISTRY_RETRY_S = 60.0
 """store_call's retry_s: the one-off registry calls (engine URLs, services, weights) components make as
 they start and stop are idempotent, and one starting during a Redis stall waits it out, not fails."""
+
+
+@dataclass(frozen=True)
+class WeightsState:
+    """The `weights` hash: the one version the engines serve, and the newest snapshot on disk."""
+
+    served_version: int = 0
+    """What the engines serve: the version of the trainer's last push (0 before the first)."""
+    snapshot_version: int = 0
+    snapshot: Optional[str] = None
+    """The newest snapshot directory (None before the first): a (re)starting engine loads it, labelled
+    snapshot_version. `disk` pushes are snapshots; `tensor` / `distributed` write one every
+    snapshot_every_pushes pushes."""
+    method: Optional[str] = None
 
 
 def run_sync(coro: Awaitable[T]) -> T:
@@ -251,12 +266,20 @@ class Store:
         return int(lag), int(info["pending"])
 
     # Weights -----------------------------------------------------------------------------------
-    async def set_weights(self, version: int, location: str, **extra: Any) -> None:
-        fields = {"version": version, "location": location, "pushed_at": time.time(), **extra}
-        await self.redis.hset(self.key("weights"), mapping={k: str(v) for k, v in fields.items()})
+    async def record_snapshot(self, version: int, path: str) -> None:
+        """A weight snapshot directory (HF format) is on disk: what a (re)starting engine loads from now on."""
+        await self.redis.hset(self.key("weights"), mapping={"snapshot_version": str(version), "snapshot": path})
 
-    async def get_weights(self) -> dict[str, str]:
-        return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+    async def record_served_version(self, version: int, method: str) -> None:
+        """The engines were told to serve `version` (a push); the orchestrator's staleness rule follows it."""
+        await self.redis.hset(self.key("weights"), mapping={"served_version": str(version), "method": method,
+                                                            "pushed_at": str(time.time())})
+
+    async def weights(self) -> WeightsState:
+        fields = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+        return WeightsState(served_version=int(fields.get("served_version", 0)),
+                            snapshot_version=int(fields.get("snapshot_version", 0)),
+                            snapshot=fields.get("snapshot"), method=fields.get("method"))
 
     # Engines ---------------------------------------------------------------------------------
     async def register_engine(self, engine_id: str, url: str) -> None:

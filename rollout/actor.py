@@ -3,7 +3,7 @@
 The actor launches the configured backend (built-in CPU engine or SGLang) as a child process
 (asyncrl.supervisor), publishes its URL in Redis (`engines` hash), and checks /health_generate every
 `health_check_interval_s`; a failed or dead engine is killed and started again with the *current*
-weights (the `weights` hash the trainer writes at every push). If the actor itself dies, Ray restarts
+weights (the newest snapshot recorded in the `weights` hash). If the actor itself dies, Ray restarts
 it (max_restarts=-1) and __init__ does the same: nothing but in-flight requests is lost, and the
 gateway re-routes those.
 """
@@ -81,10 +81,13 @@ class RolloutEngine(Supervisor):
         return code
 
     def _current_weights(self) -> tuple[str, str]:
-        """(checkpoint path, version) the engine must serve: the last pushed snapshot, else the initial model."""
-        weights = store_call(self.redis_url, self.run, lambda store: store.get_weights())
-        if weights.get("location") and Path(weights["location"]).exists():
-            return weights["location"], weights["version"]
+        """(checkpoint path, version) the engine must serve: the newest recorded snapshot, else the initial model."""
+        weights = store_call(self.redis_url, self.run, lambda store: store.weights())
+        if weights.snapshot and Path(weights.snapshot).exists():
+            if weights.snapshot_version < weights.served_version:  # tensor/distributed between two snapshots
+                log.info("%s starts with snapshot v%d; the next push brings v%d or newer", self.engine_id,
+                         weights.snapshot_version, weights.served_version)
+            return weights.snapshot, str(weights.snapshot_version)
         return self.initial_model_path, "0"
 
 

@@ -14,14 +14,16 @@ Sequence of one push:
 4. transfer with the configured method (`PUSHERS`), to every engine concurrently;
 5. `verify_weights`: read the first rows of a few of the tensors back from every engine and compare;
 6. continue every engine, always, even when a transfer failed;
-7. record the push in the `weights` hash.
+7. `tensor` / `distributed`: write a snapshot every `snapshot_every_pushes` pushes;
+8. record the push: `served_version` in the `weights` hash (what the orchestrator's staleness rule
+   and a restarted trainer read).
 
-The `weights` hash: `version` + `location` name the newest snapshot on disk (what a restarted engine
-loads, labelled with that version), `pushed_version` is what the engines were last told to serve.
-For `disk` they are equal; `tensor` and `distributed` write a snapshot every
-`snapshot_every_pushes` pushes (after the engines continue), so a restarted engine may serve older
-weights until the next push reaches it: its samples carry the older version and the staleness
-filter handles them.
+The `weights` hash (asyncrl.store.WeightsState): `served_version` is the version the engines serve,
+`snapshot_version` + `snapshot` the newest snapshot on disk (what a (re)starting engine loads,
+labelled with that version). An engine whose process restarts between two snapshots of a `tensor` or
+`distributed` run comes back with the older snapshot until the next push reaches it (it
+re-registers, so the next push includes it); its samples carry the older version, which the
+staleness filter handles.
 
 An engine that fails (dead, HTTP error) is reported in PushReport.failed and skipped; the push
 goes on for the others. Its actor restarts it with the recorded snapshot.
@@ -207,7 +209,7 @@ class WeightSync:
         self.pushes += 1
         if snapshot is None and self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0:
             snapshot = await self._snapshot(tensors, backend.hf_config(), version)
-        await self._record(version, snapshot)
+        await self.store.record_served_version(version, self.cfg.method)
         report.snapshot, report.total_s = snapshot and str(snapshot), time.perf_counter() - start
         if report.failed:
             log.warning("weights v%d did not reach %s", version, report.failed)
@@ -246,20 +248,13 @@ class WeightSync:
             report.resume_s = time.perf_counter() - t
 
     async def _snapshot(self, tensors: Tensors, config: ModelConfig, version: int) -> Path:
+        """Write the weights as an HF snapshot (atomic) and record it: what a (re)starting engine loads."""
         dtype = tensors["model.embed_tokens.weight"].dtype
         path = await asyncio.to_thread(write_atomically, self.weights_dir / f"v{version:08d}",
                                        lambda tmp: save_tensors(tensors, config, tmp, dtype))
+        await self.store.record_snapshot(version, str(path))
         prune(self.weights_dir, "v*", self.cfg.keep_snapshots)
         return path
-
-    async def _record(self, version: int, snapshot: Optional[Path]) -> None:
-        """`weights` hash: the newest snapshot (version, location) and the pushed version."""
-        if snapshot is not None:
-            snap_version, location = version, str(snapshot)
-        else:
-            current = await self.store.get_weights()
-            snap_version, location = int(current.get("version", 0)), current.get("location", "")
-        await self.store.set_weights(snap_version, location, pushed_version=version, method=self.cfg.method)
 
     async def close(self) -> None:
         await self.pusher.close()

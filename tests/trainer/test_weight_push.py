@@ -1,8 +1,7 @@
 """Weight pushes against two real engine processes: disk, tensor and distributed (one gloo broadcast
 group, ranks 1 and 2) change what every engine generates to exactly the trainer's weights and advance
-its weight version; in-flight
-requests continue across an in_place push; a dead engine is reported while the others update; the
-`weights` hash tells a restarting engine what to load."""
+its weight version; in-flight requests continue across an in_place push; a dead engine is reported
+while the others update; the `weights` hash tells a restarting engine what to load."""
 
 import asyncio
 from dataclasses import replace
@@ -62,8 +61,8 @@ async def store(redis_server, run_name, engines, tiny_checkpoint):
     await s.close()
 
 
-async def greedy(engine):
-    async with EngineClient(engine.url) as client:
+async def greedy(url: str):
+    async with EngineClient(url) as client:
         out = await client.generate(PROMPT, GREEDY)
     return out.output_ids, out.meta_info.weight_version
 
@@ -71,19 +70,19 @@ async def greedy(engine):
 @pytest.mark.parametrize("method", ["disk", "tensor", "distributed"])
 async def test_push_serves_the_trainers_weights_with_the_new_version(method, engines, store, trainer_backend,
                                                                      expected, tmp_path):
-    assert [await greedy(e) for e in engines] == [(expected["initial"], "0")] * 2
+    assert [await greedy(e.url) for e in engines] == [(expected["initial"], "0")] * 2
     sync = WeightSync(WeightPushConfig(method=method, snapshot_every_pushes=2), store, tmp_path / "weights")
     first = await sync.push(trainer_backend, version=7)
     assert (first.engines, first.failed) == (2, {}) and first.bytes > 0
-    assert [await greedy(e) for e in engines] == [(expected["trained"], "7")] * 2
+    assert [await greedy(e.url) for e in engines] == [(expected["trained"], "7")] * 2
     group = getattr(sync.pusher, "group", None)
     second = await sync.push(trainer_backend, version=8)
-    assert [await greedy(e) for e in engines] == [(expected["trained"], "8")] * 2 and second.failed == {}
+    assert [await greedy(e.url) for e in engines] == [(expected["trained"], "8")] * 2 and second.failed == {}
     assert getattr(sync.pusher, "group", None) is group  # distributed: the broadcast group is reused
-    weights = await store.get_weights()
-    assert weights["pushed_version"] == "8" and weights["method"] == method
-    snapshot = Path(weights["location"])  # disk: every push; tensor/distributed: every 2nd push
-    assert weights["version"] == "8" and snapshot == tmp_path / "weights" / "v00000008"
+    weights = await store.weights()
+    assert weights.served_version == 8 and weights.method == method
+    snapshot = Path(weights.snapshot)  # disk: every push; tensor/distributed: every 2nd push
+    assert weights.snapshot_version == 8 and snapshot == tmp_path / "weights" / "v00000008"
     assert read_tensors(snapshot).keys() == trainer_backend.hf_state_dict().keys()
     assert (first.snapshot is not None) == (method == "disk")
     await sync.close()
@@ -110,8 +109,8 @@ async def test_a_dead_engine_is_reported_and_the_others_update(engine, store, tr
     sync = WeightSync(WeightPushConfig(method="tensor", timeout_s=5), store, tmp_path / "w")
     report = await sync.push(trainer_backend, version=3)
     assert set(report.failed) == {"engine-dead"} and report.engines == 2
-    assert await greedy(engine) == (expected["trained"], "3")  # updated and resumed
-    assert (await store.get_weights())["pushed_version"] == "3"
+    assert await greedy(engine.url) == (expected["trained"], "3")  # updated and resumed
+    assert (await store.weights()).served_version == 3
     await sync.close()
 
 
