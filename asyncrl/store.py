@@ -61,12 +61,13 @@ class WeightsState:
     """The `weights` hash: the one version the engines serve, and the newest snapshot on disk."""
 
     served_version: int = 0
-    """What the engines serve: the version of the trainer's last push (0 before the first)."""
+    """What every engine serves: the version of the trainer's last push (0 before the first). An engine
+    that did not take a push is restarted from a snapshot of it, so they all converge on this one."""
     snapshot_version: int = 0
     snapshot: Optional[str] = None
     """The newest snapshot directory (None before the first): a (re)starting engine loads it, labelled
     snapshot_version. `disk` pushes are snapshots; `tensor` / `distributed` write one every
-    snapshot_every_pushes pushes."""
+    snapshot_every_pushes pushes and whenever an engine has to be restarted."""
     method: Optional[str] = None
 
 
@@ -280,6 +281,19 @@ class Store:
         return WeightsState(served_version=int(fields.get("served_version", 0)),
                             snapshot_version=int(fields.get("snapshot_version", 0)),
                             snapshot=fields.get("snapshot"), method=fields.get("method"))
+
+    async def request_engine_restarts(self, engine_ids: Iterable[str], version: int) -> None:
+        """Ask the actors of `engine_ids` to restart their engine process (it did not take weight version
+        `version`); the snapshot of `version` must be recorded first, so the restart loads it."""
+        ids = list(engine_ids)
+        if ids:
+            await self.redis.hset(self.key("engine_restarts"), mapping={eid: str(version) for eid in ids})
+
+    async def engine_restart_request(self, engine_id: str) -> int:
+        """The newest weight version `engine_id` was asked to restart for (0: never). Requests are never
+        deleted: an actor honours one whose version is above what its engine already started with."""
+        value = await self.redis.hget(self.key("engine_restarts"), engine_id)
+        return int(value) if value is not None else 0
 
     # Engines ---------------------------------------------------------------------------------
     async def register_engine(self, engine_id: str, url: str) -> None:
