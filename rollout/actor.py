@@ -61,7 +61,8 @@ class RolloutEngine(Supervisor):
         self.port = _free_port(bind_host)
         self.weights: tuple[str, str] = (model_path, "0")
         self.restarted_for = 0
-        """The newest restart request this engine has met: it restarted for it, or started with that version or newer."""
+        """The newest restart request this engine has met: it restarted for it, or started with that version
+        or newer."""
         self.start()
 
     def url(self) -> str:

@@ -195,7 +195,7 @@ async def test_an_engine_that_acknowledges_but_keeps_its_weights_is_restarted_wi
     try:
         first = await sync.push(trainer_backend, version=1)
         assert list(first.failed) == ["engine-0"] and first.failed["engine-0"].startswith("WeightsMismatch: ")
-        weights = await store.weights()  # a v1 snapshot for the restart to load (tensor/distributed write none otherwise)
+        weights = await store.weights()  # a v1 snapshot for the restart to load (written for it)
         assert (weights.served_version, weights.snapshot_version, weights.snapshot) == (1, 1, first.snapshot)
         assert await store.engine_restart_request("engine-0") == 1
 
