@@ -268,8 +268,9 @@ class WeightPushConfig:
     the new weights; their tokens record both versions), `retract` (requests are re-prefilled with the
     new weights), `abort` (requests end; the gateway retries them)."""
     snapshot_every_pushes: int = 10
-    """tensor/distributed: also write an HF snapshot every N pushes (disk pushes always are snapshots).
-    The `weights` hash points at the newest snapshot: what a restarted engine loads."""
+    """tensor/distributed: also write an HF snapshot every N pushes, and at every push an engine failed
+    (disk pushes always are snapshots). The `weights` hash points at the newest snapshot: what a
+    restarted engine loads."""
     keep_snapshots: int = 3
     """Weight snapshot directories kept under <run_dir>/weights (older ones are deleted)."""
     master_address: Optional[str] = None
@@ -284,8 +285,8 @@ class WeightPushConfig:
     verify_weights: bool = True
     """After each update, while the engines are still paused, read back the first rows of a few tensors
     from every engine (SGLang's /get_weights_by_name) and compare them with what was sent: an engine that
-    serves other values counts as failed. An engine that cannot answer the read (an SGLang model without
-    get_weights_by_name) is logged, not failed; turn it off there."""
+    serves other values counts as failed and is restarted with the pushed weights. An engine that cannot
+    answer the read (an SGLang model without get_weights_by_name) is logged, not failed; turn it off there."""
 
 
 @dataclass

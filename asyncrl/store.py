@@ -15,7 +15,8 @@ import asyncio
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Container, Iterable, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Container, Iterable, Optional, TypeVar
 
 import msgpack
 import redis.asyncio as aioredis
@@ -53,6 +54,21 @@ RETRY_BACKOFF_CAP_S = 1.0
 REGISTRY_RETRY_S = 60.0
 """store_call's retry_s: the one-off registry calls (engine URLs, services, weights) components make as
 they start and stop are idempotent, and one starting during a Redis stall waits it out, not fails."""
+
+
+@dataclass(frozen=True)
+class WeightsState:
+    """The `weights` hash: the one version the engines serve, and the newest snapshot on disk."""
+
+    served_version: int = 0
+    """What every engine serves: the version of the trainer's last push (0 before the first). An engine
+    that did not take a push is restarted from a snapshot of it, so they all converge on this one."""
+    snapshot_version: int = 0
+    snapshot: Optional[str] = None
+    """The newest snapshot directory (None before the first): a (re)starting engine loads it, labelled
+    snapshot_version. `disk` pushes are snapshots; `tensor` / `distributed` write one every
+    snapshot_every_pushes pushes and whenever an engine has to be restarted."""
+    method: Optional[str] = None
 
 
 def run_sync(coro: Awaitable[T]) -> T:
@@ -253,13 +269,34 @@ class Store:
         return int(lag), int(info["pending"])
 
     # Weights -----------------------------------------------------------------------------------
-    async def set_weights(self, version: int, location: str, **extra: Any) -> None:
-        fields = {"version": version, "location": location, "pushed_at": time.time(), **extra}
-        await self.redis.hset(self.key("weights"), mapping={k: str(v) for k, v in fields.items()})
+    async def record_snapshot(self, version: int, path: str) -> None:
+        """A weight snapshot directory (HF format) is on disk: what a (re)starting engine loads from now on."""
+        await self.redis.hset(self.key("weights"), mapping={"snapshot_version": str(version), "snapshot": path})
+
+    async def record_served_version(self, version: int, method: str) -> None:
+        """The engines were told to serve `version` (a push); the orchestrator's staleness rule follows it."""
+        await self.redis.hset(self.key("weights"), mapping={"served_version": str(version), "method": method,
+                                                            "pushed_at": str(time.time())})
         await self.note_trainer_progress("weights")
 
-    async def get_weights(self) -> dict[str, str]:
-        return {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+    async def weights(self) -> WeightsState:
+        fields = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
+        return WeightsState(served_version=int(fields.get("served_version", 0)),
+                            snapshot_version=int(fields.get("snapshot_version", 0)),
+                            snapshot=fields.get("snapshot"), method=fields.get("method"))
+
+    async def request_engine_restarts(self, engine_ids: Iterable[str], version: int) -> None:
+        """Ask the actors of `engine_ids` to restart their engine process (it did not take weight version
+        `version`); the snapshot of `version` must be recorded first, so the restart loads it."""
+        ids = list(engine_ids)
+        if ids:
+            await self.redis.hset(self.key("engine_restarts"), mapping={eid: str(version) for eid in ids})
+
+    async def engine_restart_request(self, engine_id: str) -> int:
+        """The newest weight version `engine_id` was asked to restart for (0: never). Requests are never
+        deleted: an actor honours one whose version is above what its engine already started with."""
+        value = await self.redis.hget(self.key("engine_restarts"), engine_id)
+        return int(value) if value is not None else 0
 
     # Engines ---------------------------------------------------------------------------------
     async def register_engine(self, engine_id: str, url: str) -> None:

@@ -1,9 +1,10 @@
 """Supervised service processes, the body of every Ray actor that hosts a service.
 
 `Supervisor` starts a service process (`launch()`), waits until it answers its health path, and
-watches it from a thread: a process that exits or stops answering is killed and started again.
-Subclasses say how to launch (`command()`), how to reach it (`url()`), and what to do once it
-serves (`on_serving()`, e.g. publish the URL). When the hosting actor dies, its children die with
+watches it from a thread: a process that exits or stops answering is killed and started again, and
+so is a healthy one whose `restart_requested()` says so on a tick (an engine that did not take a
+weight push). Subclasses say how to launch (`command()`), how to reach it (`url()`), and what to do
+once it serves (`on_serving()`, e.g. publish the URL). When the hosting actor dies, its children die with
 it (asyncrl.process), and Ray's actor restart runs __init__ again: the same recovery path.
 
 `ServiceActor` is the generic case: `python -m <module> <args> --port 0 --url-file F` (gateway,
@@ -58,6 +59,10 @@ class Supervisor(ABC):
     def before_start(self) -> None:
         """Called before every (re)start."""
 
+    def restart_requested(self) -> bool:
+        """Asked on every health-check tick while the service is healthy: True restarts it."""
+        return False
+
     # Lifecycle --------------------------------------------------------------------------------------
     @property
     def log_path(self) -> Path:
@@ -97,11 +102,15 @@ class Supervisor(ABC):
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.check_interval_s):
-            if self.process.poll() is None and self._probe(self.check_timeout_s):
+            healthy = self.process.poll() is None and self._probe(self.check_timeout_s)
+            if healthy and not self.restart_requested():
                 continue
             if self._stopping.is_set():
                 return
-            log.warning("%s is down (exit code %s): restarting", self.name, self.process.poll())
+            if healthy:
+                log.warning("%s: restart requested", self.name)
+            else:
+                log.warning("%s is down (exit code %s): restarting", self.name, self.process.poll())
             self.restart()
 
     def restart(self) -> dict[str, Any]:

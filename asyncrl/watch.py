@@ -4,7 +4,7 @@
     asyncrl watch --redis-url redis://host:6379/0 --run tiny_demo [--once]
 
 Shows training progress, rollout and training throughput, reward, staleness, weight version and the
-health of every environment service. Everything comes from the `metrics` stream, the `weights` hash
+health of every environment service. Everything comes from the `metrics` stream
 and the `services` hash (docs/store.md); the dashboard holds no state of its own.
 """
 

@@ -9,8 +9,11 @@ reads each signal answers `holds()` from local counts, so the limits hold exactl
   soon), >= max_unconsumed_groups: the trainer lags. Groups the trainer has read but not acknowledged
   (training, or waiting for the checkpoint that makes them durable) do not count: counting them would
   deadlock a trainer that checkpoints every few steps.
-- `staleness`: group n may start only while n < (weight_version + staleness_limit + 1) * groups_per_step,
+- `staleness`: group n may start only while n < (served_version + staleness_limit + 1) * groups_per_step,
   so rollouts never run more than staleness_limit weight versions ahead of the trainer (AReaL's rule).
+  served_version is the `weights` hash's (asyncrl.store.WeightsState): the version of the trainer's
+  last push, whatever its method (not the newest snapshot, which tensor/distributed pushes write
+  only now and then).
 
 A new signal is a `Signal` subclass added to `Backpressure.signals`.
 """
@@ -35,7 +38,7 @@ class Signal(ABC):
         """Read what this signal needs from Redis (every backpressure_interval_s)."""
 
     @abstractmethod
-    def holds(self, weight_version: Optional[int]) -> bool:
+    def holds(self, served_version: Optional[int]) -> bool:
         """True while new groups must wait (called before every new group: keep it cheap)."""
 
 
@@ -52,7 +55,7 @@ class UnconsumedGroups(Signal):
         self.unconsumed = await store.unread_groups()
         self.recorded_at_read = self.recorded()  # after the read: a group written meanwhile counts twice, never 0 times
 
-    def holds(self, weight_version):
+    def holds(self, served_version):
         not_yet_read = self.completed() - self.recorded_at_read
         return self.unconsumed + not_yet_read + self.open_groups() >= self.limit
 
@@ -63,8 +66,8 @@ class Staleness(Signal):
     def __init__(self, limit: int, groups_per_step: int, groups_started: Callable[[], int]) -> None:
         self.limit, self.groups_per_step, self.groups_started = limit, groups_per_step, groups_started
 
-    def holds(self, weight_version):
-        return self.groups_started() >= ((weight_version or 0) + self.limit + 1) * self.groups_per_step
+    def holds(self, served_version):
+        return self.groups_started() >= ((served_version or 0) + self.limit + 1) * self.groups_per_step
 
 
 class Backpressure:
@@ -74,14 +77,14 @@ class Backpressure:
         self.interval_s = cfg.backpressure_interval_s
         self.signals = signals
         self.on_change = on_change
-        self.weight_version: Optional[int] = None
+        self.served_version: Optional[int] = None
+        """The weight version the engines serve (None until the first read)."""
 
     def reasons(self) -> list[str]:
-        return [s.name for s in self.signals if s.holds(self.weight_version)]
+        return [s.name for s in self.signals if s.holds(self.served_version)]
 
     async def refresh(self) -> None:
-        version = (await self.store.get_weights()).get("version")
-        self.weight_version = int(version) if version is not None else None
+        self.served_version = (await self.store.weights()).served_version
         for signal in self.signals:
             await signal.refresh(self.store)
         self.on_change()

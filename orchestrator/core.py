@@ -373,7 +373,7 @@ class Orchestrator:
             groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions,
             groups_open=len(self.groups),
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
-            weight_version=self.backpressure.weight_version, paused=bool(self.pause_reasons),
+            weight_version=self.backpressure.served_version, paused=bool(self.pause_reasons),
             pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),
             outcomes=by_class(self.counters.total_outcomes()), by_env=by_env)
 

@@ -3,9 +3,14 @@
 The actor launches the configured backend (built-in CPU engine or SGLang) as a child process
 (asyncrl.supervisor), publishes its URL in Redis (`engines` hash), and checks /health_generate every
 `health_check_interval_s`; a failed or dead engine is killed and started again with the *current*
-weights (the `weights` hash the trainer writes at every push). If the actor itself dies, Ray restarts
+weights (the newest snapshot recorded in the `weights` hash). If the actor itself dies, Ray restarts
 it (max_restarts=-1) and __init__ does the same: nothing but in-flight requests is lost, and the
 gateway re-routes those.
+
+On the same tick the actor reads its engine's restart request (`engine_restarts` hash): the trainer
+records one, after recording a snapshot of the version, for an engine that did not take a push
+(trainer/weight_push.py). A request for a version above the one the engine started with restarts
+the healthy process, which then loads that snapshot; each request is honoured once.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import logging
 import socket
 from pathlib import Path
 from typing import Optional
+
+from redis.exceptions import RedisError
 
 from asyncrl.config import RolloutConfig
 from asyncrl.store import store_call
@@ -53,6 +60,9 @@ class RolloutEngine(Supervisor):
         self.public_host = _node_ip() if bind_host == "0.0.0.0" else bind_host
         self.port = _free_port(bind_host)
         self.weights: tuple[str, str] = (model_path, "0")
+        self.restarted_for = 0
+        """The newest restart request this engine has met: it restarted for it, or started with that version
+        or newer."""
         self.start()
 
     def url(self) -> str:
@@ -60,6 +70,21 @@ class RolloutEngine(Supervisor):
 
     def before_start(self) -> None:
         self.weights = self._current_weights()
+        self.restarted_for = max(self.restarted_for, int(self.weights[1]))
+
+    def restart_requested(self) -> bool:
+        """True once for each restart request (Store.request_engine_restarts) above `restarted_for`."""
+        try:
+            requested = store_call(self.redis_url, self.run, lambda store: store.engine_restart_request(self.engine_id),
+                                   retry_s=0)
+        except (RedisError, OSError) as err:  # asked again on the next tick
+            log.warning("%s: reading its restart request failed (%r)", self.engine_id, err)
+            return False
+        if requested <= self.restarted_for:
+            return False
+        log.warning("%s did not take weights v%d: restarting it with the recorded snapshot", self.engine_id, requested)
+        self.restarted_for = requested
+        return True
 
     def command(self) -> list[str]:
         path, version = self.weights
@@ -81,10 +106,13 @@ class RolloutEngine(Supervisor):
         return code
 
     def _current_weights(self) -> tuple[str, str]:
-        """(checkpoint path, version) the engine must serve: the last pushed snapshot, else the initial model."""
-        weights = store_call(self.redis_url, self.run, lambda store: store.get_weights())
-        if weights.get("location") and Path(weights["location"]).exists():
-            return weights["location"], weights["version"]
+        """(checkpoint path, version) the engine must serve: the newest recorded snapshot, else the initial model."""
+        weights = store_call(self.redis_url, self.run, lambda store: store.weights())
+        if weights.snapshot and Path(weights.snapshot).exists():
+            if weights.snapshot_version < weights.served_version:  # tensor/distributed between two snapshots
+                log.info("%s starts with snapshot v%d; the next push brings v%d or newer", self.engine_id,
+                         weights.snapshot_version, weights.served_version)
+            return weights.snapshot, str(weights.snapshot_version)
         return self.initial_model_path, "0"
 
 

@@ -9,7 +9,7 @@ Hooks for the launcher (issue 8):
 * async mode: `await trainer.run(total_steps)`; it trains whenever `groups_per_step` groups are ready.
 * sync mode: the launcher drives the loop itself: generate a batch of groups for the current weight
   version, then `await trainer.step()` (one RL step: read, train, push if due, checkpoint if due) and
-  repeat. `trainer.state.weight_version` and the `weights` hash's `pushed_version` tell it when the
+  repeat. `trainer.state.weight_version` and the `weights` hash's `served_version` tell it when the
   engines serve new weights.
 * `request_stop()` (also SIGTERM in trainer.run): finish the running step, checkpoint, acknowledge, return.
 """
@@ -78,11 +78,11 @@ class Trainer:
         if self._synced:
             return
         self._synced = True
-        pushed = int((await self.store.get_weights()).get("pushed_version", self.state.weight_version))
-        if pushed != self.state.weight_version:
-            log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", pushed,
+        served = (await self.store.weights()).served_version
+        if served != self.state.weight_version:
+            log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", served,
                      self.state.weight_version)
-            await self.push_weights(max(pushed, self.state.weight_version) + 1, reset_optimizer=False)
+            await self.push_weights(max(served, self.state.weight_version) + 1, reset_optimizer=False)
 
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
         report = await self.weights.push(self.backend, version)

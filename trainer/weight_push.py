@@ -1,7 +1,7 @@
 """Trainer weights -> every engine, every K optimizer steps.
 
     sync = WeightSync(cfg.weight_push, store, run_dir / "weights")
-    report = await sync.push(backend, version)      # pause engines -> transfer -> continue
+    report = await sync.push(backend, version)      # pause engines -> transfer -> verify -> continue
 
 The engines are the ones registered in the store (`engines` hash, maintained by the engine actors).
 Sequence of one push:
@@ -12,19 +12,25 @@ Sequence of one push:
 3. pause every engine concurrently (`pause_mode`; in_place by default: running requests keep their
    KV cache and continue with the new weights, their tokens recording both weight versions);
 4. transfer with the configured method (`PUSHERS`), to every engine concurrently;
-5. `verify_weights`: read the first rows of a few of the tensors back from every engine and compare;
+5. `verify_weights`: read the first rows of a few tensors back from every engine the transfer
+   updated and compare them exactly with what was sent (an engine that acknowledged the update but
+   serves other values fails here);
 6. continue every engine, always, even when a transfer failed;
-7. record the push in the `weights` hash.
+7. `tensor` / `distributed`: write a snapshot every `snapshot_every_pushes` pushes, and whenever an
+   engine failed (its restart must find these weights on disk);
+8. record the push: `served_version` in the `weights` hash (what the orchestrator's staleness rule
+   and a restarted trainer read);
+9. an engine that failed any stage (dead, HTTP error, other values read back) gets a restart request
+   in the store (`engine_restarts`: engine id -> this version), written after the snapshot: its actor
+   (rollout/actor.py) restarts the engine process, which loads that snapshot. The method's state for
+   the engines (the broadcast group) is reset, so the next push includes the restarted engine.
 
-The `weights` hash: `version` + `location` name the newest snapshot on disk (what a restarted engine
-loads, labelled with that version), `pushed_version` is what the engines were last told to serve.
-For `disk` they are equal; `tensor` and `distributed` write a snapshot every
-`snapshot_every_pushes` pushes (after the engines continue), so a restarted engine may serve older
-weights until the next push reaches it: its samples carry the older version and the staleness
-filter handles them.
-
-An engine that fails (dead, HTTP error) is reported in PushReport.failed and skipped; the push
-goes on for the others. Its actor restarts it with the recorded snapshot.
+The `weights` hash (asyncrl.store.WeightsState): `served_version` is the version every engine serves,
+`snapshot_version` + `snapshot` the newest snapshot on disk (what a (re)starting engine loads,
+labelled with that version). An engine whose process died between two snapshots of a `tensor` or
+`distributed` run comes back with the older snapshot until the next push reaches it (it
+re-registers, so the next push includes it); its samples carry the older version, which the
+staleness filter handles.
 """
 
 from __future__ import annotations
@@ -69,11 +75,12 @@ class PushReport:
     """Gathering the weights (+ writing the snapshot for disk), engines still generating."""
     pause_s: float = 0.0
     update_s: float = 0.0
+    """The transfer and its verification (engines paused)."""
     resume_s: float = 0.0
     total_s: float = 0.0
     snapshot: Optional[str] = None
     failed: dict[str, str] = field(default_factory=dict)
-    """engine id -> error, for engines that did not take the new weights."""
+    """engine id -> error, for engines that did not take the new weights (each is restarted from the snapshot)."""
 
 
 class WeightPusher(ABC):
@@ -205,12 +212,15 @@ class WeightSync:
         report.prepare_s = time.perf_counter() - start
         await self._transfer(await self._engines(), tensors, version, snapshot, report)
         self.pushes += 1
-        if snapshot is None and self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0:
+        due = self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0
+        if snapshot is None and (due or report.failed):  # an engine restarted for this push loads it
             snapshot = await self._snapshot(tensors, backend.hf_config(), version)
-        await self._record(version, snapshot)
-        report.snapshot, report.total_s = snapshot and str(snapshot), time.perf_counter() - start
+        await self.store.record_served_version(version, self.cfg.method)
         if report.failed:
-            log.warning("weights v%d did not reach %s", version, report.failed)
+            log.warning("weights v%d did not reach %s: their actors restart them with the v%d snapshot", version,
+                        report.failed, version)
+            await self.store.request_engine_restarts(report.failed, version)
+        report.snapshot, report.total_s = snapshot and str(snapshot), time.perf_counter() - start
         return report
 
     async def _engines(self) -> dict[str, EngineClient]:
@@ -224,42 +234,44 @@ class WeightSync:
 
     async def _transfer(self, clients: dict[str, EngineClient], tensors: Tensors, version: int,
                         snapshot: Optional[Path], report: PushReport) -> None:
-        """Pause, update, continue; engines that fail a stage are reported and left out of the next."""
+        """Pause, update + verify, continue; engines that fail a stage are reported and left out of the next."""
         t = time.perf_counter()
         report.failed = await each(clients, lambda c: c.pause(self.cfg.pause_mode))
         paused = {eid: c for eid, c in clients.items() if eid not in report.failed}
         report.engines, report.pause_s = len(paused), time.perf_counter() - t
         t = time.perf_counter()
         try:
-            if paused:
-                report.failed |= await self.pusher.update(paused, tensors, version, snapshot)
-        except Exception as err:  # the method itself broke (e.g. the broadcast group): no engine is trusted
-            log.exception("weights v%d: %s push failed", version, self.cfg.method)
-            report.failed |= {eid: f"{type(err).__name__}: {err}" for eid in paused}
-            await self.pusher.close()
-            if self.cfg.verify_weights:
-                updated = {eid: c for eid, c in paused.items() if eid not in report.failed}
-                report.failed |= await each(updated, lambda c: verify_weights(c, tensors))
+            report.failed |= await self._update(paused, tensors, version, snapshot)
         finally:
             report.update_s, t = time.perf_counter() - t, time.perf_counter()
             report.failed |= await each(paused, lambda c: c.resume())
             report.resume_s = time.perf_counter() - t
+        if report.failed:  # those engines are restarted: what the method holds for them (a broadcast group) is void
+            await self.pusher.close()
+
+    async def _update(self, paused: dict[str, EngineClient], tensors: Tensors, version: int,
+                      snapshot: Optional[Path]) -> dict[str, str]:
+        """The transfer, then (verify_weights) the read-back from every engine it updated; -> the failed ones."""
+        if not paused:
+            return {}
+        try:
+            failed = await self.pusher.update(paused, tensors, version, snapshot)
+        except Exception as err:  # the method itself broke (e.g. the broadcast group): no engine is trusted
+            log.exception("weights v%d: %s push failed", version, self.cfg.method)
+            return {eid: f"{type(err).__name__}: {err}" for eid in paused}
+        if self.cfg.verify_weights:
+            updated = {eid: c for eid, c in paused.items() if eid not in failed}
+            failed |= await each(updated, lambda c: verify_weights(c, tensors))
+        return failed
 
     async def _snapshot(self, tensors: Tensors, config: ModelConfig, version: int) -> Path:
+        """Write the weights as an HF snapshot (atomic) and record it: what a (re)starting engine loads."""
         dtype = tensors["model.embed_tokens.weight"].dtype
         path = await asyncio.to_thread(write_atomically, self.weights_dir / f"v{version:08d}",
                                        lambda tmp: save_tensors(tensors, config, tmp, dtype))
+        await self.store.record_snapshot(version, str(path))
         prune(self.weights_dir, "v*", self.cfg.keep_snapshots)
         return path
-
-    async def _record(self, version: int, snapshot: Optional[Path]) -> None:
-        """`weights` hash: the newest snapshot (version, location) and the pushed version."""
-        if snapshot is not None:
-            snap_version, location = version, str(snapshot)
-        else:
-            current = await self.store.get_weights()
-            snap_version, location = int(current.get("version", 0)), current.get("location", "")
-        await self.store.set_weights(snap_version, location, pushed_version=version, method=self.cfg.method)
 
     async def close(self) -> None:
         await self.pusher.close()

@@ -122,6 +122,8 @@ class StatusResponse(BaseModel):
     episodes_per_s: float
     """Finished episodes per second over the last `rate_window_s`."""
     weight_version: Optional[int]
+    """The weight version the engines serve (`weights` hash `served_version`), which the staleness rule
+    follows; None before the first read of it."""
     paused: bool
     pause_reasons: list[str]
     """Why no new groups start: "operator" (POST /v1/pause), "unconsumed_groups", "staleness"."""

@@ -102,14 +102,14 @@ async def test_redis_restart_with_aof_loses_no_acked_write(tmp_path, run_name):
     await add_group(store, "g0")
     await add_group(store, "g1")
     await store.ack_groups(await store.read_groups("c", count=1))
-    await store.set_weights(5, "/ckpt/5")
+    await store.record_snapshot(5, "/ckpt/5")
     await store.close()
     port = server.port
     server.kill()  # crash, no SHUTDOWN: only what reached the AOF survives
     server = EmbeddedRedis(tmp_path / "r", port=port, appendfsync="always").start()
     store = Store.connect(server.url, run_name)
     try:
-        assert (await store.get_weights())["version"] == "5"
+        assert (await store.weights()).snapshot_version == 5
         rest = await store.read_groups("c", count=5, block_ms=10)
         assert [g.record.group_id for g in rest] == ["g1"]  # g0 stays acked, g1 is still owed
         assert await store.redis.llen(store.key("consumed")) == 1
@@ -173,20 +173,20 @@ async def test_a_hung_redis_fails_calls_after_the_command_timeout_and_they_work_
     server = EmbeddedRedis(tmp_path / "r", aof=False).start()
     store = Store.connect(server.url, run_name, command_timeout_s=0.5)
     try:
-        await store.set_weights(1, "/ckpt/1")
+        await store.record_snapshot(1, "/ckpt/1")
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             for call, waits_in in ((store.redis.set(store.key("big"), b"x" * (32 << 20)), "sending"),
-                                   (store.get_weights(), "reading")):
+                                   (store.weights(), "reading")):
                 started = time.monotonic()
                 with pytest.raises(redis.exceptions.TimeoutError, match=waits_in):
                     await call
                 assert 0.4 < time.monotonic() - started < 3.0
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        assert (await store.get_weights())["version"] == "1"
-        await store.set_weights(2, "/ckpt/2")
-        assert (await store.get_weights())["version"] == "2"
+        assert (await store.weights()).snapshot_version == 1
+        await store.record_snapshot(2, "/ckpt/2")
+        assert (await store.weights()).snapshot_version == 2
     finally:
         await store.close()
         server.stop()
@@ -197,20 +197,20 @@ async def test_with_retry_s_calls_ride_out_a_redis_that_stalls_or_restarts(tmp_p
     store = Store.connect(server.url, run_name, command_timeout_s=0.5, retry_s=10)
     loop = asyncio.get_running_loop()
     try:
-        await store.set_weights(1, "/ckpt/1")
+        await store.record_snapshot(1, "/ckpt/1")
         os.kill(server.process.pid, signal.SIGSTOP)
         loop.call_later(2.0, os.kill, server.process.pid, signal.SIGCONT)
         started = time.monotonic()
-        assert (await store.get_weights())["version"] == "1"  # timed out, retried, answered once resumed
+        assert (await store.weights()).snapshot_version == 1  # timed out, retried, answered once resumed
         assert time.monotonic() - started > 1.5
 
         port = server.port
         server.kill()
         restarted = loop.run_in_executor(None, lambda: (time.sleep(1.5), EmbeddedRedis(
             tmp_path / "r", port=port, appendfsync="always").start())[1])
-        await store.set_weights(2, "/ckpt/2")  # refused until the new server listens, then written
+        await store.record_snapshot(2, "/ckpt/2")  # refused until the new server listens, then written
         server = await restarted
-        assert (await store.get_weights())["version"] == "2"
+        assert (await store.weights()).snapshot_version == 2
     finally:
         await store.close()
         server.stop()

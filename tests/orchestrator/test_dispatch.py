@@ -124,7 +124,7 @@ async def test_staleness_limit_ties_groups_to_the_weight_version(orchestrators, 
     assert held["groups_completed"] == 2  # (version 0 + limit 0 + 1) * 2 groups per step
     store = Store.connect(redis_server.url, run_name)
     try:
-        await store.set_weights(1, "disk:/tmp/none")
+        await store.record_served_version(1, "tensor")  # a tensor push writes no snapshot: the served version moves
         done = orch.wait(lambda s: s["weight_version"] == 1 and s["groups_completed"] == 4 and s["groups_open"] == 0
                          and "staleness" in s["pause_reasons"], what="two more groups at version 1")
         assert done["groups_completed"] == 4
@@ -152,7 +152,7 @@ async def test_backpressure_reacts_to_the_trainer_at_once_not_at_the_next_poll(o
                           what="the staleness hold after the read")
         assert stale["groups_completed"] == 2 and time.monotonic() - started < 10  # (0 + 1 + 1) x 1 groups
         started = time.monotonic()
-        await store.set_weights(1, "disk:/tmp/none")
+        await store.record_served_version(1, "disk")
         orch.wait(lambda s: s["weight_version"] == 1 and s["groups_completed"] > 2, timeout_s=20,
                   what="new groups after the push")
         assert time.monotonic() - started < 10

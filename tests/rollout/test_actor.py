@@ -78,7 +78,8 @@ def test_health_monitor_relaunches_a_dead_engine_process(local_ray, redis_server
 
 async def _push(redis_url, run, engine_url, path, version):
     store = Store.connect(redis_url, run)
-    await store.set_weights(int(version), path)
+    await store.record_snapshot(int(version), path)
+    await store.record_served_version(int(version), "disk")
     await store.close()
     async with EngineClient(engine_url) as client:
         await client.update_weights_from_disk(path, weight_version=version)

@@ -33,8 +33,8 @@ async def test_steps_ack_after_checkpoint_push_every_k_and_report(redis_server, 
     # step: pending groups until the step-3 checkpoint; version + 1 and a fresh optimizer every 2 steps
     assert seen == [(1, 0, 2, True), (2, 1, 4, False), (3, 1, 0, True), (4, 2, 2, False)]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000003"]
-    weights = await store.get_weights()
-    assert weights["pushed_version"] == "2" and weights["location"].endswith("v00000002")
+    weights = await store.weights()
+    assert weights.served_version == 2 and weights.snapshot.endswith("v00000002")
 
     records = [values for _, source, values in await store.read_metrics() if source == "trainer"]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
