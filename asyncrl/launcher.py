@@ -2,7 +2,8 @@
 services and the trainer, wired by URL, until `total_steps`; then a clean shutdown.
 
     embedded Redis (when no redis.url) -> Ray (join or start) -> initial weights (+ warm-up)
-      -> engines (Ray actors) -> gateway -> orchestrator -> env services -> trainer.run(total_steps)
+      -> trainer actor (built while the rest starts) -> engines (Ray actors) -> gateway -> orchestrator
+      -> env services -> trainer.run(total_steps)
 
 Components are named by dotted path in `cfg.components` and imported only here, at run time (asyncrl
 never imports a component statically). Services run as supervised processes inside Ray actors
@@ -125,13 +126,16 @@ class Job:
     def start(self) -> None:
         cfg = self.cfg
         model_path = self._initial_weights()
+        # Ray builds the trainer (worker, torch, model, checkpoint: seconds) while the services start up;
+        # it begins training once they serve.
+        self._guard("trainer", lambda: self._create_trainer(model_path))
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)
         orchestrator = self._guard("orchestrator", lambda: self._start_orchestrator(gateway))
         for env in cfg.envs.services:
             for replica in range(env.num_replicas):
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
-        self._guard("trainer", lambda: self._start_trainer(model_path))
+        self.training = self.trainer.run.remote(cfg.total_steps)
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode}))
@@ -210,7 +214,7 @@ class Job:
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service, args,
                              _token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token))
 
-    def _start_trainer(self, model_path: str) -> None:
+    def _create_trainer(self, model_path: str) -> None:
         import ray
 
         cfg = self.cfg
@@ -224,7 +228,6 @@ class Job:
             num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,
                                     retention_groups=cfg.redis.retention_groups)
-        self.training = self.trainer.run.remote(cfg.total_steps)
 
     # Watch ----------------------------------------------------------------------------------------
     def wait(self) -> None:

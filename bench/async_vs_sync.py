@@ -1,10 +1,12 @@
 """Async versus sync RL on the same experiment and sample count, with long-tailed response lengths.
 
-    python bench/async_vs_sync.py [--steps 12] [--out bench/results/async_vs_sync]
+    python bench/async_vs_sync.py [--steps 12] [--rounds 3] [--out bench/results/async_vs_sync] [OVERRIDE ...]
 
 Runs `python -m asyncrl.train experiment=async_vs_sync mode={sync,async}` (the full system: engines,
 gateway, orchestrator, env service, trainer under local Ray) and times each run from "all components
-serving" to "total_steps trained", the same number of samples in both. Sync: generate a batch, train,
+serving" to the record of the last step (the shutdown after it is the same in both), the same number of
+samples trained in both. bench/timeline.py samples each run's engines, orchestrator and trainer into a
+busy/idle timeline (<out>_{sync,async}.png and the fractions in <out>.json). Sync: generate a batch, train,
 push, repeat (the long tail of each batch stalls everything). Async: rollout never waits for training,
 bounded by the staleness limit. Anchor: AReaL reports 2.77x.
 """
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -48,36 +51,58 @@ def run(mode: str, steps: int, workdir: Path, out: str, overrides: list[str]) ->
     if code != 0:
         raise SystemExit(f"{mode} run failed ({code}); see {log}")
     ready = next(stamp(l) for l in lines if "asyncrl.launcher" in l and " mode, gateway " in l)
-    done = next(stamp(l) for l in lines if "asyncrl.launcher" in l and "finished" in l)
+    done = max(end for _, _, end in timeline.trainer)  # the last step's record, not the shutdown after it
     timeline.plot(Path(f"{out}_{mode}.png"), ready, done, f"{mode}: {done - ready:.1f} s from serving to step {steps}")
     return {"train_wall_s": done - ready, "total_wall_s": time.time() - started, "log": str(log),
-            "timeline": timeline.summary(ready, done)}
+            "stale_dropped": timeline.stale_dropped, "timeline": timeline.summary(ready, done)}
+
+
+FRACTIONS = [("engine_busy", "engines generating"), ("mean_in_flight", "episodes in flight (mean)"),
+             ("trainer_wait", "trainer waiting for groups"), ("trainer_train", "trainer training"),
+             ("trainer_push", "trainer pushing weights")]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=3, help="sync/async pairs, run alternately (the machine's speed drifts)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "async_vs_sync"))
     p.add_argument("--workdir", default="/tmp/asyncrl-async-vs-sync")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for both runs, e.g. orchestrator.max_unconsumed_groups=8")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for both runs, e.g. trainer.staleness_tau=1")
     args = p.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    results = {mode: run(mode, args.steps, workdir, args.out, args.overrides) for mode in ("sync", "async")}
-    speedup = results["sync"]["train_wall_s"] / results["async"]["train_wall_s"]
+    rounds = [{mode: run(mode, args.steps, workdir, args.out, args.overrides) for mode in ("sync", "async")}
+              for _ in range(args.rounds)]  # each round's timelines overwrite the last: the PNGs show the last round
+    ratios = [r["sync"]["train_wall_s"] / r["async"]["train_wall_s"] for r in rounds]
+    speedup = statistics.median(ratios)
     report = {"command": " ".join(["python", *sys.argv]), "steps": args.steps, "samples_per_run": args.steps * 4 * 8,
-              "load_avg_start": load_start, "load_avg_end": os.getloadavg(), **results, "speedup": speedup}
+              "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "rounds": rounds, "ratios": ratios,
+              "speedup_median": speedup}
     Path(args.out + ".json").write_text(json.dumps(report, indent=2))
+    name = Path(args.out).name
     md = ["# Async versus sync", "", f"Command: `{report['command']}`  ",
-          f"Same experiment (configs/experiment/async_vs_sync.yaml), {report['samples_per_run']} samples per run, "
-          f"response lengths log-normal (median ~24, capped at 512 tokens), 2 CPU cores, load average "
-          f"{load_start[0]:.1f} at start.", "",
-          "| mode | wall time from serving to last step |", "|---|---|",
-          f"| sync | {results['sync']['train_wall_s']:.1f} s |", f"| async | {results['async']['train_wall_s']:.1f} s |",
-          "", f"Speedup of async over sync: **{speedup:.2f}x** (AReaL's anchor: 2.77x on GPUs).", ""]
+          f"Same experiment (configs/experiment/async_vs_sync.yaml{' + ' + ' '.join(args.overrides) if args.overrides else ''}), "
+          f"{report['samples_per_run']} samples trained per run, response lengths log-normal (median ~24, capped at "
+          f"512 tokens), 2 CPU cores, load average {load_start[0]:.2f} at start; {args.rounds} rounds of sync then "
+          "async. Wall time from all components serving to the last step's record.", "",
+          "| round | sync | async | ratio | async samples dropped as stale |", "|---|---|---|---|---|",
+          *[f"| {i + 1} | {r['sync']['train_wall_s']:.1f} s | {r['async']['train_wall_s']:.1f} s | {x:.2f}x | "
+            f"{r['async']['stale_dropped']:.0f} |" for i, (r, x) in enumerate(zip(rounds, ratios))], "",
+          f"Speedup of async over sync, median of the rounds: **{speedup:.2f}x** (AReaL's anchor: 2.77x on GPUs).", "",
+          "Where the time goes (bench/timeline.py, 20 Hz samples of the orchestrator's /v1/status, the engine's "
+          "/metrics and the trainer's step records; means over the rounds):", "",
+          "| share of the window | sync | async |", "|---|---|---|",
+          *[f"| {label} | {_mean(rounds, 'sync', key):.2f} | {_mean(rounds, 'async', key):.2f} |"
+            for key, label in FRACTIONS], "",
+          f"Timelines of the last round: ![sync]({name}_sync.png) ![async]({name}_async.png)", ""]
     Path(args.out + ".md").write_text("\n".join(md))
     print("\n".join(md))
+
+
+def _mean(rounds: list[dict], mode: str, key: str) -> float:
+    return statistics.mean(r[mode]["timeline"][key] for r in rounds)
 
 
 if __name__ == "__main__":

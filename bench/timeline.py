@@ -36,6 +36,8 @@ class Timeline:
     probes: list[Probe] = field(default_factory=list)
     trainer: list[tuple[str, float, float]] = field(default_factory=list)
     """(phase, start, end) with phase in wait / train / push, wall-clock seconds."""
+    stale_dropped: float = 0.0
+    """Samples the trainer dropped as older than staleness_tau (generated for nothing)."""
 
     def summary(self, t0: float, t1: float) -> dict[str, float]:
         """Fractions of [t0, t1]: engines generating / idle, orchestrator paused (by reason), trainer
@@ -138,6 +140,7 @@ class TimelineSampler:
             if fields.get(b"source") != b"trainer":
                 continue
             values = msgpack.unpackb(fields[b"data"], raw=False)
+            self.timeline.stale_dropped += values.get("filter_stale", 0.0)
             end = float(fields[b"ts"])
             start = end - values["step_s"]
             wait_end = start + values["wait_s"]
