@@ -5,8 +5,8 @@
 Runs `python -m asyncrl.train experiment=async_vs_sync mode={sync,async}` (the full system: engines,
 gateway, orchestrator, env service, trainer under local Ray) and times each run from "all components
 serving" to the record of the last step (the shutdown after it is the same in both), the same number of
-samples trained in both. bench/timeline.py samples each run's engines, orchestrator and trainer into a
-busy/idle timeline (<out>_{sync,async}.png and the fractions in <out>.json). Sync: generate a batch, train,
+samples trained in both, in alternating rounds; then one sampled run of each mode for the busy/idle
+timeline of engines, orchestrator and trainer (bench/timeline.py: <out>_{sync,async}.png). Sync: generate a batch, train,
 push, repeat (the long tail of each batch stalls everything). Async: rollout never waits for training,
 bounded by the staleness limit. Anchor: AReaL reports 2.77x.
 """
@@ -21,13 +21,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.timeline import TimelineSampler  # noqa: E402
+from bench.timeline import TimelineSampler, read_trainer_records, trainer_phases  # noqa: E402
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
@@ -35,26 +35,30 @@ def stamp(line: str) -> float:
     return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def run(mode: str, steps: int, workdir: Path, out: str, overrides: list[str]) -> dict:
+def run(mode: str, steps: int, workdir: Path, overrides: list[str], timeline_png: Optional[Path] = None) -> dict:
+    """One run; with `timeline_png`, sampled by a TimelineSampler (which slows it: see bench/timeline.py)."""
     name = f"avs_{mode}"
     log = workdir / f"{name}.log"
     run_dir = workdir / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    started = time.time()
-    sampler = TimelineSampler(run_dir, name).start()
+    sampler = TimelineSampler(run_dir, name).start() if timeline_png else None
     with open(log, "w") as out_file:
         code = subprocess.call([sys.executable, "-m", "asyncrl.train", "experiment=async_vs_sync", f"mode={mode}",
                                 f"name={name}", f"total_steps={steps}", f"run_dir={run_dir}", *overrides],
                                cwd=ROOT, stdout=out_file, stderr=subprocess.STDOUT)
-    timeline = sampler.stop()
-    lines = log.read_text().splitlines()
+    timeline = sampler.stop() if sampler else None
     if code != 0:
         raise SystemExit(f"{mode} run failed ({code}); see {log}")
-    ready = next(stamp(l) for l in lines if "asyncrl.launcher" in l and " mode, gateway " in l)
-    done = max(end for _, _, end in timeline.trainer)  # the last step's record, not the shutdown after it
-    timeline.plot(Path(f"{out}_{mode}.png"), ready, done, f"{mode}: {done - ready:.1f} s from serving to step {steps}")
-    return {"train_wall_s": done - ready, "total_wall_s": time.time() - started, "log": str(log),
-            "stale_dropped": timeline.stale_dropped, "timeline": timeline.summary(ready, done)}
+    ready = next(stamp(l) for l in log.read_text().splitlines() if "asyncrl.launcher" in l and " mode, gateway " in l)
+    records = read_trainer_records(run_dir, name)
+    done = records[-1]["ts"]  # the last step's record, not the shutdown after it
+    result = {"train_wall_s": done - ready, "log": str(log), "stale_dropped": sum(r["filter_stale"] for r in records),
+              "staleness_mean": statistics.mean(r["staleness_mean"] for r in records)}
+    if timeline is not None:
+        timeline.trainer = trainer_phases(records)
+        timeline.plot(timeline_png, ready, done, f"{mode}: {done - ready:.1f} s from serving to step {steps} (sampled)")
+        result["timeline"] = timeline.summary(ready, done)
+    return result
 
 
 FRACTIONS = [("engine_busy", "engines generating"), ("mean_in_flight", "episodes in flight (mean)"),
@@ -73,13 +77,15 @@ def main() -> None:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    rounds = [{mode: run(mode, args.steps, workdir, args.out, args.overrides) for mode in ("sync", "async")}
-              for _ in range(args.rounds)]  # each round's timelines overwrite the last: the PNGs show the last round
+    rounds = [{mode: run(mode, args.steps, workdir, args.overrides) for mode in ("sync", "async")}
+              for _ in range(args.rounds)]
+    sampled = {mode: run(mode, args.steps, workdir, args.overrides, Path(f"{args.out}_{mode}.png"))
+               for mode in ("sync", "async")}
     ratios = [r["sync"]["train_wall_s"] / r["async"]["train_wall_s"] for r in rounds]
     speedup = statistics.median(ratios)
     report = {"command": " ".join(["python", *sys.argv]), "steps": args.steps, "samples_per_run": args.steps * 4 * 8,
               "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "rounds": rounds, "ratios": ratios,
-              "speedup_median": speedup}
+              "speedup_median": speedup, "sampled": sampled}
     Path(args.out + ".json").write_text(json.dumps(report, indent=2))
     name = Path(args.out).name
     md = ["# Async versus sync", "", f"Command: `{report['command']}`  ",
@@ -87,22 +93,21 @@ def main() -> None:
           f"{report['samples_per_run']} samples trained per run, response lengths log-normal (median ~24, capped at "
           f"512 tokens), 2 CPU cores, load average {load_start[0]:.2f} at start; {args.rounds} rounds of sync then "
           "async. Wall time from all components serving to the last step's record.", "",
-          "| round | sync | async | ratio | async samples dropped as stale |", "|---|---|---|---|---|",
+          "| round | sync | async | ratio | async: mean staleness, samples dropped as stale |", "|---|---|---|---|---|",
           *[f"| {i + 1} | {r['sync']['train_wall_s']:.1f} s | {r['async']['train_wall_s']:.1f} s | {x:.2f}x | "
-            f"{r['async']['stale_dropped']:.0f} |" for i, (r, x) in enumerate(zip(rounds, ratios))], "",
+            f"{r['async']['staleness_mean']:.2f}, {r['async']['stale_dropped']:.0f} |"
+            for i, (r, x) in enumerate(zip(rounds, ratios))], "",
           f"Speedup of async over sync, median of the rounds: **{speedup:.2f}x** (AReaL's anchor: 2.77x on GPUs).", "",
-          "Where the time goes (bench/timeline.py, 20 Hz samples of the orchestrator's /v1/status, the engine's "
-          "/metrics and the trainer's step records; means over the rounds):", "",
+          "Where the time goes: one more run of each mode, sampled by bench/timeline.py (20 Hz: the orchestrator's "
+          "/v1/status, the engine's /metrics; the trainer's step records). The probes cost the engine CPU, so "
+          f"these runs are slower (sync {sampled['sync']['train_wall_s']:.1f} s, async "
+          f"{sampled['async']['train_wall_s']:.1f} s) and are not in the ratio above.", "",
           "| share of the window | sync | async |", "|---|---|---|",
-          *[f"| {label} | {_mean(rounds, 'sync', key):.2f} | {_mean(rounds, 'async', key):.2f} |"
+          *[f"| {label} | {sampled['sync']['timeline'][key]:.2f} | {sampled['async']['timeline'][key]:.2f} |"
             for key, label in FRACTIONS], "",
-          f"Timelines of the last round: ![sync]({name}_sync.png) ![async]({name}_async.png)", ""]
+          f"![sync]({name}_sync.png)", "", f"![async]({name}_async.png)", ""]
     Path(args.out + ".md").write_text("\n".join(md))
     print("\n".join(md))
-
-
-def _mean(rounds: list[dict], mode: str, key: str) -> float:
-    return statistics.mean(r[mode]["timeline"][key] for r in rounds)
 
 
 if __name__ == "__main__":

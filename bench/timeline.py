@@ -2,13 +2,14 @@
 
     sampler = TimelineSampler(run_dir, run_name).start()   # while `python -m asyncrl.train ...` runs
     ...
-    timeline = sampler.stop()                               # -> Timeline
-    timeline.summary(t0, t1), timeline.plot(path, t0, t1)
+    timeline = sampler.stop()                               # -> Timeline (the probes)
+    timeline.trainer = trainer_phases(read_trainer_records(run_dir, run_name))
+    timeline.summary(t0, t1), timeline.plot(path, t0, t1, title)
 
-Sources, all of them the job's own interfaces, read every `period_s`: the orchestrator's /v1/status
-(episodes in flight, pause reasons), each engine's /metrics (`sglang_num_running_reqs`) and the
-trainer's step records in the metrics stream (each record's `ts` is the step's end; wait_s, train_s and push_s
-lay out the step before it).
+Sources, all of them the job's own interfaces: every `period_s` the orchestrator's /v1/status (episodes
+in flight, pause reasons) and each engine's /metrics (`sglang_num_running_reqs`); after the run the
+trainer's step records (read_trainer_records, trainer_phases). The probes cost the engine process CPU:
+at 20 Hz they slowed sync runs by a quarter or more, so time runs without a sampler and sample others.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ class Timeline:
     probes: list[Probe] = field(default_factory=list)
     trainer: list[tuple[str, float, float]] = field(default_factory=list)
     """(phase, start, end) with phase in wait / train / push, wall-clock seconds."""
-    stale_dropped: float = 0.0
-    """Samples the trainer dropped as older than staleness_tau (generated for nothing)."""
 
     def summary(self, t0: float, t1: float) -> dict[str, float]:
         """Fractions of [t0, t1]: engines generating / idle, orchestrator paused (by reason), trainer
@@ -92,7 +91,6 @@ class TimelineSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._redis: Optional[redis.Redis] = None
-        self._metrics_seen = "0-0"
 
     def start(self) -> "TimelineSampler":
         self._thread.start()
@@ -118,8 +116,6 @@ class TimelineSampler:
                     orchestrator = (self._redis.hget(self._key("services"), "orchestrator") or b"").decode() or None
                 if self._redis is not None:
                     engines = [u.decode() for u in self._redis.hgetall(self._key("engines")).values()]
-                if self._redis is not None:
-                    self._read_trainer_phases()
                 if orchestrator:
                     status = http.get(f"{orchestrator}/v1/status").json()
                     running = sum(_running(http, url) for url in engines)
@@ -129,25 +125,38 @@ class TimelineSampler:
             self._stop.wait(max(0.0, self.period_s - (time.time() - started)))
         http.close()
 
-    def _read_trainer_phases(self) -> None:
-        """The trainer step records that are new since the last read (the run's Redis is gone after it)."""
-        import msgpack
 
-        phases = self.timeline.trainer
-        entries = self._redis.xrange(self._key("metrics"), f"({self._metrics_seen}", "+")
-        for entry_id, fields in entries:
-            self._metrics_seen = entry_id.decode()
-            if fields.get(b"source") != b"trainer":
-                continue
-            values = msgpack.unpackb(fields[b"data"], raw=False)
-            self.timeline.stale_dropped += values.get("filter_stale", 0.0)
-            end = float(fields[b"ts"])
-            start = end - values["step_s"]
-            wait_end = start + values["wait_s"]
-            train_end = wait_end + values["train_s"]
-            phases += [("wait", start, wait_end), ("train", wait_end, train_end)]
-            if values.get("push_s"):
-                phases.append(("push", train_end, train_end + values["push_s"]))
+def read_trainer_records(run_dir: Path, run: str) -> list[dict[str, float]]:
+    """The finished run's trainer step records (each with its `ts`), from a copy of its Redis AOF."""
+    import shutil
+    import tempfile
+
+    import msgpack
+
+    from asyncrl.redis_server import EmbeddedRedis
+
+    with tempfile.TemporaryDirectory() as copy:  # never touch the run's own files
+        shutil.copytree(Path(run_dir) / "redis", copy, dirs_exist_ok=True)
+        with EmbeddedRedis(copy) as server:
+            client = redis.Redis.from_url(server.url)
+            entries = client.xrange(f"asyncrl:{run}:metrics")
+            client.close()
+    return [{**msgpack.unpackb(f[b"data"], raw=False), "ts": float(f[b"ts"])} for _, f in entries
+            if f[b"source"] == b"trainer"]
+
+
+def trainer_phases(records: list[dict[str, float]]) -> list[tuple[str, float, float]]:
+    """(phase, start, end) of each step: a record's ts is the step's end; wait_s, train_s and push_s lay
+    out the step before it."""
+    phases = []
+    for values in records:
+        start = values["ts"] - values["step_s"]
+        wait_end = start + values["wait_s"]
+        train_end = wait_end + values["train_s"]
+        phases += [("wait", start, wait_end), ("train", wait_end, train_end)]
+        if values.get("push_s"):
+            phases.append(("push", train_end, train_end + values["push_s"]))
+    return phases
 
 
 def _running(http: httpx.Client, engine_url: str) -> int:
