@@ -135,7 +135,7 @@ class Job:
         for env in cfg.envs.services:
             for replica in range(env.num_replicas):
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
-        self.training = self.trainer.run.remote(cfg.total_steps)
+        self._start_training()
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode}))
@@ -228,6 +228,9 @@ class Job:
             num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,
                                     retention_groups=cfg.redis.retention_groups)
+
+    def _start_training(self) -> None:
+        self.training = self.trainer.run.remote(self.cfg.total_steps)
 
     # Watch ----------------------------------------------------------------------------------------
     def wait(self) -> None:

@@ -42,7 +42,8 @@ def job(local_ray, redis_server, run_name, tmp_path):
 
 def test_a_slow_trainer_restart_is_waited_for_and_counts_once(job, tmp_path):
     run = job(trainer_restarts=1)
-    run._start_trainer("unused")
+    run._create_trainer("unused")
+    run._start_training()
     start = time.monotonic()
     run.wait()  # returns once the restarted trainer's run() does
     assert (tmp_path / "died").exists() and time.monotonic() - start >= RESTART_DELAY_S
@@ -50,7 +51,8 @@ def test_a_slow_trainer_restart_is_waited_for_and_counts_once(job, tmp_path):
 
 def test_a_trainer_that_does_not_come_back_in_time_fails_the_run(job):
     run = job(trainer_restart_timeout_s=1.0)
-    run._start_trainer("unused")
+    run._create_trainer("unused")
+    run._start_training()
     with pytest.raises(ComponentFailed, match="not restarted within 1 s") as failure:
         run.wait()
     assert failure.value.component == "trainer"

@@ -44,7 +44,7 @@ async def test_deadline_cut_members_are_excluded_and_the_group_rule_pads_or_drop
                                                                                  redis_server, run_name):
     orch = orchestrators("--gateway", gateway.url, "--group-size", str(GROUP_SIZE), "--max-groups", "2",
                          "--max-attempts", "2", "--episode-timeout-s", str(DEADLINE_S), "--request-grace-s", "10",
-                         "--max-tokens", "8")
+                         "--sampling", '{"max_new_tokens": 8}')
     stalled = {"slow-1": 1, "slow-3": 3}  # members per group that sleep past the deadline
     services = {name: EnvProcess(TIMED_ENV, tmp_path, "--name", name, "--option", "llm_turns=1", "--option",
                                  "sleep_s=0.2", "--option", f"stalled_members={count}", "--option",
