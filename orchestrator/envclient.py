@@ -69,11 +69,13 @@ class EnvClient:
     async def info(self, url: str) -> InfoResponse:
         return InfoResponse.model_validate(await self._get(f"{url}/info"))
 
-    async def tasks(self, url: str) -> list[str]:
-        """Every task id, paging through GET /tasks."""
+    async def tasks(self, url: str, split: str = "train") -> list[str]:
+        """Every task id of `split`, paging through GET /tasks. The orchestrator trains on the train split
+        only (held-out tasks are for `asyncrl eval`); services built before splits ignore the parameter."""
         task_ids: list[str] = []
         while True:
-            page = TasksResponse.model_validate(await self._get(f"{url}/tasks?offset={len(task_ids)}&limit={TASK_PAGE}"))
+            page = TasksResponse.model_validate(
+                await self._get(f"{url}/tasks?split={split}&offset={len(task_ids)}&limit={TASK_PAGE}"))
             task_ids += page.task_ids
             if not page.task_ids or len(task_ids) >= page.total:
                 return task_ids

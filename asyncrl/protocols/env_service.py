@@ -162,12 +162,24 @@ class InfoResponse(BaseModel):
     capacity: int
     """Episodes this service accepts concurrently; one more gets 429."""
     num_tasks: int
+    """Tasks of the train split."""
     version: str
+    splits: dict[str, int] = Field(default_factory=lambda: {})
+    """Tasks per split the service serves (`train`, and `eval` where the env holds tasks out); empty from
+    services built before splits, which serve train only."""
+
+
+TASK_SPLITS = ("train", "eval")
+"""The split names asyncrl itself uses: `train` (what RL trains on, the default everywhere) and `eval`
+(held-out tasks, scored by `asyncrl eval`). An env may serve more (GET /tasks?split=NAME)."""
 
 
 class TasksResponse(BaseModel):
+    """GET /tasks?split=train|eval&offset=&limit=: a page of one split's task ids (default train)."""
+
     task_ids: list[str]
     total: int
+    split: str = "train"
 
 
 class ErrorResponse(BaseModel):

@@ -37,11 +37,17 @@ def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain
     @app.get("/info")
     async def info() -> InfoResponse:
         return InfoResponse(name=name, domain=domain, capacity=runner.capacity, num_tasks=len(runner.task_ids),
-                            version=runner.env.version)
+                            version=runner.env.version, splits={k: len(v) for k, v in runner.splits.items()})
 
-    @app.get("/tasks")
-    async def tasks(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000)) -> TasksResponse:
-        return TasksResponse(task_ids=runner.task_ids[offset:offset + limit], total=len(runner.task_ids))
+    @app.get("/tasks", responses={404: {"model": ErrorResponse}})
+    async def tasks(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000),
+                    split: str = Query("train", min_length=1)):
+        ids = runner.splits.get(split)
+        if ids is None:
+            return _error(404, f"env {name!r} has no {split!r} split (it serves: {', '.join(runner.splits)}); "
+                               f"an env holds tasks out by listing 'eval' in Environment.splits (docs/envs.md)",
+                          ["split"])
+        return TasksResponse(task_ids=ids[offset:offset + limit], total=len(ids), split=split)
 
     @app.post("/episodes")
     async def episodes(req: EpisodeRequest, request: Request) -> EpisodeResponse:

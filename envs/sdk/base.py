@@ -69,10 +69,17 @@ class Environment(ABC):
     requires_sandbox: ClassVar[bool] = False
     """True when episodes execute agent-controlled code: the service then refuses to start without
     an isolating sandbox unless the operator chose the unsafe local one."""
+    splits: tuple[str, ...] = ("train",)
+    """The task splits `list_tasks` serves. `train` is what RL trains on; an env with held-out tasks
+    (what `asyncrl eval` scores) adds `eval` and takes `split` in list_tasks. Splits must not share task
+    ids (the service checks), nor, for a held-out split to mean anything, problems. May be set per
+    instance (an option that turns the held-out split off)."""
 
     @abstractmethod
-    async def list_tasks(self) -> list[str]:
-        """All task ids, in a stable order (the orchestrator pages through them)."""
+    async def list_tasks(self, split: str = "train") -> list[str]:
+        """All task ids of `split` (one of `splits`), in a stable order (the orchestrator pages through
+        the train split). An env without held-out tasks may leave `split` out of its signature: the SDK
+        only passes it for splits other than train."""
 
     @abstractmethod
     async def run_episode(self, task_id: str, llm: "AsyncOpenAI", sandbox: Optional["Sandbox"],

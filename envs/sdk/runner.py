@@ -74,18 +74,35 @@ class EpisodeRunner:
         self.sandboxes = sandboxes
         self.metrics = metrics
         self.llm_max_retries = llm_max_retries
-        self.task_ids: list[str] = []
+        self.splits: dict[str, list[str]] = {"train": []}
+        """Task ids of every split the env serves (Environment.splits); `train` always."""
         self._known_tasks: set[str] = set()
         self._running: dict[str, asyncio.Task] = {}
         self._draining = False
         self._ssl = httpx.create_ssl_context()
         """Shared by every episode's client: building one loads the CA bundle (~50-250 ms of CPU)."""
 
+    @property
+    def task_ids(self) -> list[str]:
+        """The train split: what the orchestrator trains on."""
+        return self.splits["train"]
+
     async def load_tasks(self) -> None:
-        self.task_ids = list(await self.env.list_tasks())
-        self._known_tasks = set(self.task_ids)
-        if len(self._known_tasks) != len(self.task_ids):
-            raise ValueError(f"{type(self.env).__name__}.list_tasks() returned duplicate task ids")
+        """Every split's task ids. train is asked for without an argument (envs written before splits
+        take none); the ids of all splits must be distinct, within and across splits."""
+        env, name = self.env, type(self.env).__name__
+        splits = list(dict.fromkeys(["train", *getattr(env, "splits", ("train",))]))
+        self.splits = {split: list(await (env.list_tasks() if split == "train" else env.list_tasks(split=split)))
+                       for split in splits}
+        self._known_tasks = set()
+        for split, ids in self.splits.items():
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{name}.list_tasks(split={split!r}) returned duplicate task ids")
+            shared = self._known_tasks.intersection(ids)
+            if shared:
+                raise ValueError(f"{name}: split {split!r} shares task ids with another split (e.g. "
+                                 f"{sorted(shared)[0]!r}); held-out tasks must be disjoint from the train tasks")
+            self._known_tasks.update(ids)
 
     @property
     def in_flight(self) -> int:

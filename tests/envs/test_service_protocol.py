@@ -38,9 +38,9 @@ async def wait_in_flight(service, n: int, timeout_s: float = 20) -> None:
 def test_health_info_tasks(service):
     assert service.get("/health").json() == {"status": "ok"}
     assert service.get("/info").json() == {"name": "arithmetic", "domain": "tasks", "capacity": 2,
-                                          "num_tasks": 120, "version": "1"}
+                                          "num_tasks": 120, "version": "1", "splits": {"train": 120, "eval": 14}}
     page = service.get("/tasks?offset=100&limit=50").json()
-    assert page == {"task_ids": [f"arith-{i:05d}" for i in range(100, 120)], "total": 120}
+    assert page == {"task_ids": [f"arith-{i:05d}" for i in range(100, 120)], "total": 120, "split": "train"}
     assert service.get("/tasks").json()["task_ids"][:2] == ["arith-00000", "arith-00001"]
     bad = service.get("/tasks?limit=0")
     assert bad.status_code == 422 and bad.json()["fields"] == ["limit"]
