@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import aiohttp
 
-from asyncrl.config import OrchestratorConfig, SamplingConfig
-from asyncrl.protocols.env_service import LLMEndpoint, SamplingParams
-from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, SessionSampling
+from asyncrl.config import OrchestratorConfig
+from asyncrl.protocols.env_service import LLMEndpoint
+from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest
+from asyncrl.sampling import endpoint_sampling, session_sampling  # noqa: F401 - also asyncrl eval's (one path)
 from orchestrator.groups import Group, Member
 from orchestrator.http import HTTPFailure, request_json
 
@@ -37,20 +38,6 @@ class Finished:
     status: str
     """The status the session was closed with (the first finish's, when it had been finished before)."""
     sample_refs: list[str] = field(default_factory=list)
-
-
-def endpoint_sampling(s: SamplingConfig) -> SamplingParams:
-    """What an env's agent sends with every model request: each drawing field of the run's sampling config
-    (max_new_tokens as OpenAI's max_tokens). SGLang's extensions (top_k, min_p) only when they are set, so
-    a plain OpenAI-compatible server (sessions=endpoint) is not sent keys it may refuse."""
-    extensions = {"top_k": s.top_k, "min_p": s.min_p}
-    extra = {k: v for k, v in extensions.items() if v != getattr(SamplingConfig, k)}
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
-
-
-def session_sampling(s: SamplingConfig, seed: int) -> SessionSampling:
-    """A gateway session's defaults and policy from the run's sampling config: every field of it."""
-    return SessionSampling(**asdict(s), sampling_seed=seed)
 
 
 class SessionProvider(ABC):
