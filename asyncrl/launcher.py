@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl.config import RunConfig
+from asyncrl.config import EnvServiceConfig, RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.store import store_call
@@ -203,15 +203,11 @@ class Job:
         return self._service("orchestrator", cfg.components.orchestrator, orchestrator_args(cfg, self.redis_url, gateway),
                              env)
 
-    def _start_env(self, env, replica: int, orchestrator: str) -> str:
-        args = ["--env", env.target, "--orchestrator", orchestrator, "--capacity", str(env.capacity),
-                "--weight", str(env.weight)]
-        if env.domain:
-            args += ["--domain", env.domain]
-        for key, value in env.options.items():
-            args += ["--option", f"{key}={value}"]
-        args += list(env.serve_args)
-        return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service, args,
+    def _start_env(self, env, replica: int, orchestrator: Optional[str]) -> str:
+        """One replica of an env service; it registers itself with `orchestrator` (None: it does not,
+        and is called directly, as `asyncrl eval` does)."""
+        return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
+                             env_service_args(env, orchestrator),
                              _token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token))
 
     def _create_trainer(self, model_path: str) -> None:
@@ -338,6 +334,18 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
     if o.rate_limits:
         args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
     return args
+
+
+def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
+    """The command line of one env service (`components.env_service`); with an orchestrator URL the
+    service registers itself there and heartbeats."""
+    args = ["--env", env.target, "--capacity", str(env.capacity), "--weight", str(env.weight)]
+    args += ["--orchestrator", orchestrator] if orchestrator else []
+    if env.domain:
+        args += ["--domain", env.domain]
+    for key, value in env.options.items():
+        args += ["--option", f"{key}={value}"]
+    return args + list(env.serve_args)
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:
