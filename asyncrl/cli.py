@@ -10,6 +10,8 @@ import sys
 # command words -> (module:function reading sys.argv, one-line help). Added as components land.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
+    "eval": ("asyncrl.evaluate:main", "score a checkpoint on an env's held-out tasks: mean reward, pass@k "
+             "(experiment=tiny_demo --model PATH)"),
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
     "gateway serve": ("gateway.server:main", "serve the TITO gateway (sessions, OpenAI chat, token-native)"),
     "watch": ("asyncrl.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
