@@ -166,7 +166,7 @@ class Driver:
 
         cfg, o = self.cfg, self.cfg.orchestrator
         seed = (cfg.seed * 1_000_003 + index) * self.spec.samples + member  # as the orchestrator seeds members
-        failures, attempt, error = 0, 0, ""
+        failures, attempt, error, response = 0, 0, "", None
         while failures < o.max_attempts:
             attempt += 1
             episode_id = f"eval-{index:05d}-m{member}-a{attempt}"
@@ -275,8 +275,9 @@ def run_eval(cfg: RunConfig, spec: EvalSpec) -> tuple[dict[str, Any], Path]:
     eval_dir.mkdir(parents=True, exist_ok=True)
     # Its own name: Redis keys, Ray actor names and the engines registry the gateway follows are all
     # prefixed by it, so nothing here touches a training run, even on a shared Redis or Ray cluster.
+    # redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in eval_dir.
     ecfg = replace(cfg, name=f"{cfg.name}-eval-{stamp}", run_dir=str(eval_dir), model=replace(cfg.model, path=model),
-                   envs=replace(cfg.envs, services=[spec.env]))
+                   envs=replace(cfg.envs, services=[spec.env]), redis=replace(cfg.redis, data_dir=None))
     out = (spec.out or eval_dir / "result.json").resolve()
     started = time.monotonic()
     with ExitStack() as stack:
