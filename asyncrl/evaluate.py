@@ -421,6 +421,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _raise_stopped)
     from asyncrl.launcher import ComponentFailed, Stopped
 
+    if not any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in overrides):
+        log.warning("no experiment= override: configs/config.yaml's defaults apply (e.g. gateway.thinking %s, "
+                    "max_new_tokens %d); pass the experiment the weights were trained with for its settings",
+                    cfg.gateway.thinking, cfg.rollout.sampling.max_new_tokens)
     try:
         result, out = run_eval(cfg, spec)
     except EvalError as err:
