@@ -264,7 +264,7 @@ def model_dir(path: str) -> str:
 
 def run_eval(cfg: RunConfig, spec: EvalSpec) -> tuple[dict[str, Any], Path]:
     """Start engines, gateway and env service(s) as the launcher does, play the split, write the JSON."""
-    from asyncrl.launcher import Job, _embedded_redis, _start_ray
+    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray
 
     if not cfg.model.path:
         raise EvalError("no model: pass --model PATH or model.path=PATH (an HF checkpoint directory, e.g. "
@@ -282,7 +282,10 @@ def run_eval(cfg: RunConfig, spec: EvalSpec) -> tuple[dict[str, Any], Path]:
     started = time.monotonic()
     with ExitStack() as stack:
         redis_url = ecfg.redis.url or _embedded_redis(ecfg, eval_dir, stack)
-        _start_ray(ecfg, stack)
+        try:
+            _start_ray(ecfg, stack)
+        except Exception as err:  # e.g. a local GCS that does not come up in time on an overloaded machine
+            raise ComponentFailed("ray", f"{type(err).__name__}: {str(err).strip()[:500]}") from err
         job = Job(ecfg, eval_dir, redis_url)
         stack.callback(job.shutdown)
         job._guard("engines", lambda: job._start_engines(model))
