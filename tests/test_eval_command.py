@@ -24,7 +24,7 @@ def evaluate(model, out, run_dir) -> tuple[dict, str]:
     proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "eval", "experiment=tiny_demo", f"run_dir={run_dir}",
                            "--model", str(model), "--env", "arithmetic", "--tasks", str(TASKS), "--samples",
                            str(SAMPLES), "--k", ",".join(map(str, KS)), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"result: {out}" in proc.stdout
     return json.loads(out.read_text()), proc.stdout
@@ -48,7 +48,7 @@ def recorded_keys(eval_dir, tmp_path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_eval_scores_warmed_up_weights_above_random_init(tmp_path, tiny_arch):
     from trainer.sft import warmup
 
