@@ -107,13 +107,13 @@ class Driver:
     `concurrency` at a time, retrying failures like the orchestrator (max_attempts; refusals free)."""
 
     def __init__(self, cfg: RunConfig, spec: EvalSpec, gateway: str, env_urls: Callable[[], Awaitable[list[str]]],
-                 concurrency: int) -> None:
+                 concurrency: int, transport: Any = None) -> None:
         import httpx
 
         self.cfg, self.spec, self.gateway, self.env_urls = cfg, spec, gateway.rstrip("/"), env_urls
         self.concurrency = max(1, concurrency)
         self.http = httpx.AsyncClient(timeout=cfg.orchestrator.episode_timeout_s + cfg.orchestrator.request_grace_s,
-                                      limits=httpx.Limits(max_connections=2 * self.concurrency + 8))
+                                      limits=httpx.Limits(max_connections=2 * self.concurrency + 8), transport=transport)
         token = cfg.gateway.auth_token
         self.gateway_headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.urls: list[str] = []
@@ -199,7 +199,9 @@ class Driver:
             if response is not None and response.outcome is OutcomeClass.model:
                 finish = FinishSessionRequest(reward=response.reward, status=response.status.value,
                                               info={"num_turns": response.num_turns, **response.info})
-                await self._gateway("POST", f"/sessions/{sid}/finish", finish.model_dump(), expect=200)
+                if await self._gateway("POST", f"/sessions/{sid}/finish", finish.model_dump(), expect=200) is None:
+                    log.warning("eval episode %s: the gateway lost its session; playing it again", episode_id)
+                    continue  # as the orchestrator does (session_lost): not a failure of the episode
                 return _Episode(response.reward, response.status.value, response.reason.value)
             if response is not None:
                 error = f"{response.reason.value}: {response.info.get('error', '')}"
@@ -227,13 +229,16 @@ class Driver:
         """The least loaded replica."""
         return min(self.urls, key=lambda u: self.load.get(u, 0))
 
-    async def _gateway(self, method: str, path: str, body: dict, expect: int) -> dict:
+    async def _gateway(self, method: str, path: str, body: dict, expect: int) -> Optional[dict]:
+        """The reply; None for a finish of a session the gateway no longer knows (404: it restarted)."""
         delay = 0.2
         for _ in range(20):  # a restarting gateway: wait for it, as the orchestrator does
             try:
                 reply = await self.http.request(method, self.gateway + path, json=body, headers=self.gateway_headers)
                 if reply.status_code == expect:
                     return reply.json()
+                if reply.status_code == 404 and path.endswith("/finish"):
+                    return None
                 if reply.status_code < 500 and reply.status_code != 429:
                     raise EvalError(f"gateway refused {method} {path}: {reply.status_code} {reply.text[:500]}")
                 problem = f"{reply.status_code} {reply.text[:200]}"

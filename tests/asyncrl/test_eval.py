@@ -75,3 +75,78 @@ def test_bad_arguments_are_named():
     args, _ = parse_args(["--env", "envs.tasks.CopyEnv", "--k", "2"])
     spec = spec_from_args(cfg, args)
     assert (spec.env.target, spec.samples, spec.ks) == ("envs.tasks.CopyEnv", 8, [2])
+
+
+class FakeServices:
+    """The gateway's sessions API and an env service's /tasks and /episodes, as an httpx transport: each
+    task's reward is scripted per member, and some attempts fail, are refused or lose their session."""
+
+    def __init__(self, script):
+        import httpx
+
+        self.script, self.sessions, self.finished, self.episodes = script, 0, {}, []
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request):
+        import httpx
+
+        body = json.loads(request.content) if request.content else {}
+        path = request.url.path
+        if path == "/tasks":
+            assert request.url.params["split"] == "eval"
+            return httpx.Response(200, json={"task_ids": list(self.script), "total": len(self.script), "split": "eval"})
+        if path == "/sessions":
+            self.sessions += 1
+            assert body["sampling"]["temperature"] == 0.5 and body["sampling"]["max_new_tokens"] == 8
+            return httpx.Response(201, json={"session_id": f"s{self.sessions}", "base_url": f"http://gw/s{self.sessions}/v1"})
+        if path.endswith("/finish"):
+            sid = path.split("/")[2]
+            if sid in self.finished:  # a gateway that restarted: the session is gone
+                return httpx.Response(404, json={"error": "unknown session"})
+            self.finished[sid] = body["status"]
+            return httpx.Response(200, json={"session_id": sid, "status": body["status"], "sample_refs": []})
+        assert path == "/episodes" and body["llm"]["sampling"]["temperature"] == 0.5
+        self.episodes.append(body["episode_id"])
+        member, attempt = (int(x[1:]) for x in body["episode_id"].split("-")[2:])
+        outcome = self.script[body["task_id"]][member]
+        if outcome == "refuse" and attempt == 1:
+            return httpx.Response(429, json={"error": "at capacity"})
+        if outcome == "fail" or (outcome == "flaky" and attempt == 1):
+            return httpx.Response(200, json={"episode_id": body["episode_id"], "task_id": body["task_id"], "reward": 0.0,
+                                             "status": "failed", "reason": "env_error", "num_turns": 1,
+                                             "info": {"error": "boom"}})
+        reward = {"refuse": 1.0, "flaky": 1.0}.get(outcome, outcome)
+        return httpx.Response(200, json={"episode_id": body["episode_id"], "task_id": body["task_id"], "reward": reward,
+                                         "status": "completed", "reason": "completed", "num_turns": 1})
+
+
+def test_driver_retries_like_the_orchestrator_and_scores_what_the_model_did():
+    from asyncrl.config import EnvServiceConfig
+    from asyncrl.evaluate import Driver, EvalSpec
+    import asyncio
+
+    cfg = compose(["experiment=tiny_demo", "rollout.sampling.temperature=0.5", "orchestrator.max_attempts=2"])
+    script = {"t-a": [1.0, 0.0, "flaky", "refuse"], "t-b": [0.0, "fail", 0.0, 1.0]}
+    fake = FakeServices(script)
+    spec = EvalSpec(env=EnvServiceConfig(name="fake", target="x.Y"), samples=4, ks=[1, 4])
+
+    async def urls():
+        return ["http://env"]
+
+    async def play():
+        driver = Driver(cfg, spec, "http://gw", urls, concurrency=3, transport=fake.transport)
+        try:
+            ids = await driver.tasks()
+            return ids, await driver.run(ids)
+        finally:
+            await driver.close()
+
+    ids, (rewards, failed, reasons) = asyncio.run(play())
+    assert ids == ["t-a", "t-b"]
+    assert rewards == {"t-a": [1.0, 0.0, 1.0, 1.0], "t-b": [0.0, 0.0, 1.0]}  # member order; the failed one left out
+    assert failed == {"t-a": 0, "t-b": 1} and reasons == {"completed": 7, "env_error": 1}
+    # flaky: a failed attempt (aborted) then a good one; refused: not charged; fail: max_attempts 2, then "failed"
+    assert sorted(e for e in fake.episodes if "-a2" in e) == ["eval-00000-m2-a2", "eval-00000-m3-a2", "eval-00001-m1-a2"]
+    assert sorted(fake.finished.values()) == ["aborted"] * 3 + ["completed"] * 7 + ["failed"]
+    summary = summarize(rewards, [1, 4], failed=failed)
+    assert summary["pass_at_k_tasks"] == {"1": 2, "4": 1} and summary["failed_episodes"] == 1
