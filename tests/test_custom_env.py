@@ -60,7 +60,7 @@ async def test_custom_env_registers_and_plays_episodes(harness):
     llm, orchestrator, service = harness
     (registration,) = await asyncio.to_thread(orchestrator.wait_for, orchestrator.registrations)
     assert registration.body["name"] == "reverse-word" and registration.body["url"] == service.url
-    assert service.get("/tasks").json() == {"task_ids": ["w-1", "w-2", "w-3"], "total": 3}
+    assert service.get("/tasks").json() == {"task_ids": ["w-1", "w-2", "w-3"], "total": 3, "split": "train"}
     async with httpx.AsyncClient() as client:
         right_url, _ = llm.script(call("submit", text="xyno"))
         wrong_url, _ = llm.script(call("submit", text="onyx"))
