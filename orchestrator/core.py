@@ -73,8 +73,8 @@ class Orchestrator:
     def _signals(self) -> list[Signal]:
         signals: list[Signal] = []
         if self.cfg.max_unconsumed_groups > 0:
-            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.counters.total("groups"),
-                                            lambda: self.ledger.groups_recorded, lambda: len(self.groups)))
+            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.ledger.groups_recorded,
+                                            lambda: self.ledger.unwritten_completions, lambda: len(self.groups)))
         if self.cfg.staleness_limit is not None:
             signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, lambda: self.counters.ordinal))
         return signals

@@ -117,6 +117,24 @@ async def test_unconsumed_groups_hold_new_groups_until_the_trainer_reads(orchest
         await store.close()
 
 
+async def test_a_restarted_orchestrator_counts_only_unread_groups_against_the_limit(orchestrators, env_pool,
+                                                                                    redis_server, run_name):
+    """A re-run (or a crash restart) restores the run's group total from the ledger; the limit must
+    still count only groups the trainer has not read, or a resumed run holds new groups for good."""
+    first = orchestrators("--group-size", "2", "--max-unconsumed-groups", "3")
+    first.register(env_pool[0].url)
+    held = first.wait(lambda s: "unconsumed_groups" in s["pause_reasons"] and s["groups_open"] == 0
+                      and s["groups_recorded"] == s["groups_completed"], what="backpressure")
+    store = Store.connect(redis_server.url, run_name)
+    try:
+        await store.ack_groups(await store.read_groups("trainer-0", count=held["groups_completed"]))
+        first.kill()
+        second = orchestrators("--group-size", "2", "--max-unconsumed-groups", "3", port=first.port)
+        second.wait(lambda s: s["groups_completed"] >= held["groups_completed"] + 3, what="dispatch after restart")
+    finally:
+        await store.close()
+
+
 async def test_staleness_limit_ties_groups_to_the_weight_version(orchestrators, env_pool, redis_server, run_name):
     orch = orchestrators("--group-size", "2", "--staleness-limit", "0", "--groups-per-step", "2")
     orch.register(env_pool[0].url)
