@@ -385,7 +385,13 @@ class ResourcesConfig:
 class RunConfig:
     name: str = "asyncrl"
     run_dir: Optional[str] = None
-    """Where the run writes (Redis AOF, checkpoints, TensorBoard, logs); None = runs/<name>."""
+    """Where the run writes (Redis AOF, checkpoints, final weights, TensorBoard, logs, summary.json);
+    None = runs/<name>. Relative to the working directory, except under `ray job submit` (whose working
+    directory is Ray's temporary copy of the package): there under $ASYNCRL_HOME (default ~/asyncrl)."""
+    resume: bool = True
+    """A run dir that holds a previous run is resumed (from its newest checkpoint, with its Redis state).
+    false: the old files are moved to <run_dir>.<timestamp> (and the run's keys in an external Redis
+    deleted), and the run starts afresh."""
     seed: int = 0
     mode: str = "async"
     """`async`: rollout never waits for training. `sync`: generate a batch, train, push (baseline)."""

@@ -78,9 +78,13 @@ class TensorBoardMirror:
 class Collector:
     """Background thread: poll the orchestrator into the stream, mirror the stream to TensorBoard."""
 
-    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0) -> None:
+    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0,
+                 headers: Optional[dict[str, str]] = None) -> None:
+        """`headers`: the orchestrator's bearer token when it has one (else every poll is refused)."""
         self.redis_url, self.run, self.orchestrator_url = redis_url, run, orchestrator_url
-        self.log_dir, self.interval_s = log_dir, interval_s
+        self.log_dir, self.interval_s, self.headers = log_dir, interval_s, headers or {}
+        self.status: Optional[dict[str, Any]] = None
+        """The orchestrator's last /v1/status (the launcher's progress line reads it)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="metrics", daemon=True)
 
@@ -88,15 +92,25 @@ class Collector:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout_s)
+
+    def final_status(self) -> Optional[dict[str, Any]]:
+        """/v1/status now (the run's end), else the last one polled."""
+        try:
+            response = httpx.get(f"{self.orchestrator_url}/v1/status", headers=self.headers, timeout=10)
+            if response.status_code == 200:
+                self.status = response.json()
+        except (httpx.HTTPError, ValueError) as err:
+            log.warning("final orchestrator status unavailable (%r): the summary uses the last poll", err)
+        return self.status
 
     async def _loop(self) -> None:
         store = Store.connect(self.redis_url, self.run)
         mirror = TensorBoardMirror(self.log_dir)
         try:
-            async with httpx.AsyncClient(timeout=10) as http:
+            async with httpx.AsyncClient(timeout=10, headers=self.headers) as http:
                 while True:
                     await self._tick(store, mirror, http)
                     if self._stop.wait(self.interval_s):
@@ -109,6 +123,7 @@ class Collector:
     async def _tick(self, store: Store, mirror: TensorBoardMirror, http: httpx.AsyncClient) -> None:
         """One poll; a Redis failure skips it (the mirror catches up from `mirror.after` next time)."""
         status = await _get_json(http, f"{self.orchestrator_url}/v1/status")
+        self.status = status or self.status
         try:
             if status is not None:
                 await store.add_metrics("orchestrator", orchestrator_record(status))

@@ -32,6 +32,8 @@ async def train(t: Trainer, total_steps: int) -> None:
         await rl_step(t, final=t.state.step + 1 == total_steps)
     if t.uncommitted:  # stopped early: make what was trained durable before returning
         await t.checkpoint_and_commit()
+    if t.state.step >= total_steps:
+        await t.export_final()
 
 
 async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]:
