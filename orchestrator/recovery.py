@@ -42,6 +42,7 @@ async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
     orch.ledger.filtered_unreported = int(snapshot.meta.get("filtered_unreported", 0))
     orch.counters.cursors.update(counters.cursors)
     orch.counters.by_env.update(counters.by_env)
+    orch.counters.outcomes.update(counters.outcomes)
     for service in snapshot.services:
         orch.registry.restore(service)
         orch.scheduler.add_service(service, time.monotonic())

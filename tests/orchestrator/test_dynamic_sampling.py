@@ -90,6 +90,29 @@ def test_filter_counters_survive_a_restart():
     assert restored.not_usable() == 7
 
 
+async def test_a_restarted_orchestrator_restores_the_filter_counts_streak_and_outcomes(redis_server, run_name):
+    """Through recovery.restore, not only Counters' meta round trip (restore used to drop the outcome counts)."""
+    from orchestrator.ledger import Snapshot
+    from orchestrator.recovery import restore
+
+    before = Counters(ordinal=9, filter_streak=3)
+    before.by_env["timed"].update(groups=4, filtered=5)
+    before.outcomes["timed"]["completed"] = 8
+    meta = {k: str(v) for k, v in {**before.to_meta(), "filtered_unreported": 2}.items()}
+    cfg = OrchestratorConfig(sessions="endpoint", llm_url="http://127.0.0.1:9/v1", group_size=2,
+                             dynamic_sampling=DynamicSamplingConfig(enabled=True))
+    store = Store.connect(redis_server.url, run_name)
+    orch = Core(cfg, store)
+    try:
+        await restore(orch, Snapshot(meta=meta))
+        status = orch.status()
+        assert (status.groups_completed, status.groups_filtered, status.filter_streak) == (4, 5, 3)
+        assert status.outcomes == {"model": {"completed": 8}} and orch.ledger.filtered_unreported == 2
+    finally:
+        await orch.close()
+        await store.close()
+
+
 async def test_a_discarded_group_leaves_no_record_and_no_samples(redis_server, run_name):
     store = Store.connect(redis_server.url, run_name)
     ledger = Ledger(store, lambda: {"ordinal": 3})
