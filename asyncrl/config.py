@@ -161,6 +161,28 @@ class GatewayConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO-style dynamic sampling (slime's --dynamic-sampling-filter-path check_reward_nonzero_std, verl's
+    algorithm.filter_groups): a complete group whose usable members' rewards are all equal carries no
+    signal (its advantages are all 0), so the orchestrator does not append it to the `groups` stream; it
+    deletes its samples and starts another group in its place, so every step the trainer reads is filled
+    with groups that have reward variance. docs/orchestrator.md "Dynamic sampling" has the rules and why
+    they neither deadlock nor break the staleness bound."""
+
+    enabled: bool = False
+    std_tol: float = 0.0
+    """A group is uninformative when the population std of its done members' rewards is <= std_tol
+    (0: exactly equal rewards, as DAPO, slime and verl filter)."""
+    max_filtered_batches: int = 10
+    """Guard for rewards that never vary (a task too hard or too easy for the model, a broken reward):
+    once max_filtered_batches x groups_per_step groups in a row were filtered (no informative group
+    delivered in between), uninformative groups are delivered anyway (counted as passed) until the next
+    informative one, so the run keeps stepping and ends instead of generating forever; a warning says so.
+    As verl's max_num_gen_batches (the DAPO recipe uses 10), which raises instead. 0: never pass (filter
+    forever; the warnings and the filtered fraction still show it)."""
+
+
+@dataclass
 class OrchestratorConfig:
     host: str = "127.0.0.1"
     port: int = 0
@@ -205,9 +227,14 @@ class OrchestratorConfig:
     reach this many (0 = off). Keep it above max_in_flight / group_size, or it caps the groups in flight."""
     staleness_limit: Optional[int] = None
     """Backpressure: start group n only while n < (weight_version + staleness_limit + 1) * groups_per_step,
-    so no group is generated more than this many weight versions ahead of the trainer (None = off)."""
+    so no group is generated more than this many weight versions ahead of the trainer (None = off). With
+    dynamic_sampling, n counts only groups that reach the trainer usable (filtered ones and ones its group
+    rule drops are not counted), so filtered groups never use up the budget."""
     groups_per_step: int = 4
-    """Groups the trainer consumes per optimizer step (used by staleness_limit)."""
+    """Groups the trainer consumes per weight version (used by staleness_limit and dynamic_sampling; the
+    launcher passes trainer.groups_per_step x weight_push.every_k_steps)."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """Filter groups with equal rewards before the trainer sees them (off by default)."""
     backpressure_interval_s: float = 1.0
     """The longest wait between reads of the trainer-side signals (unconsumed groups, weight version);
     they are read at once whenever the trainer reports progress (docs/orchestrator.md "Backpressure")."""

@@ -554,6 +554,9 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
             "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
             "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
             "--sampling", json.dumps(asdict(cfg.rollout.sampling))]
+    if o.dynamic_sampling.enabled:
+        args += ["--dynamic-sampling", "--dynamic-sampling-std-tol", str(o.dynamic_sampling.std_tol),
+                 "--dynamic-sampling-max-filtered-batches", str(o.dynamic_sampling.max_filtered_batches)]
     if o.domain_weights:
         args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
     if o.rate_limits:

@@ -27,11 +27,13 @@ TRAINER_SCALARS = {
     "loss": "train/loss", "grad_norm": "train/grad_norm", "masked_fraction": "train/masked_fraction",
     "mean_ratio": "train/mean_ratio", "mismatch_kl": "train/mismatch_kl", "entropy": "train/entropy",
     "tokens_per_s": "throughput/train_tokens_per_s", "weight_version": "train/weight_version",
-    "push_s": "train/weight_push_s",
+    "push_s": "train/weight_push_s", "filter_groups_filtered": "rollout/groups_filtered_per_step",
 }
 ORCHESTRATOR_SCALARS = {
     "episodes_per_s": "throughput/episodes_per_s", "in_flight": "rollout/in_flight", "queued": "rollout/queued",
     "completed": "rollout/episodes_completed", "failed": "rollout/episodes_failed", "retried": "rollout/episodes_retried",
+    "groups_filtered": "rollout/groups_filtered", "groups_passed": "rollout/groups_passed_uninformative",
+    "filtered_fraction": "rollout/filtered_fraction",
 }
 
 

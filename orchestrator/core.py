@@ -11,7 +11,8 @@
              service_error, orchestrator_error)
                                    after max_attempts failures: session finished "failed", given up
     a service turning unhealthy: its running attempts are cancelled and handled as failures
-    a group whose members are all done or given up: its GroupRecord is appended (ledger, once)
+    a group whose members are all done or given up: its GroupRecord is appended (ledger, once), or,
+        with dynamic sampling and equal rewards, it is filtered: never appended, its samples deleted
 
 Everything here runs on one event loop; state changes are synchronous between awaits.
 """
@@ -30,6 +31,7 @@ from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, Overhea
 from asyncrl.store import Store
 from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
 from orchestrator.counters import Counters
+from orchestrator.dynamic_sampling import DynamicSampler, Verdict
 from orchestrator.envclient import EnvClient, Outcome
 from orchestrator.groups import Group, Member, MemberState
 from orchestrator.http import SendClock, client_session
@@ -50,7 +52,10 @@ class Orchestrator:
         self.cfg = cfg
         self.store = store
         self.registry = Registry(cfg.heartbeat_timeout_s)
+        if cfg.dynamic_sampling.enabled and cfg.group_size < 2:
+            raise ValueError("dynamic sampling needs group_size >= 2: a group of one always has equal rewards")
         self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
+        self.sampler = DynamicSampler(cfg.dynamic_sampling, cfg.groups_per_step)
         self.metrics = OrchestratorMetrics()
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
@@ -76,8 +81,16 @@ class Orchestrator:
             signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.ledger.groups_recorded,
                                             lambda: self.ledger.unwritten_completions, lambda: len(self.groups)))
         if self.cfg.staleness_limit is not None:
-            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, lambda: self.counters.ordinal))
+            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, self._budgeted_groups))
         return signals
+
+    def _budgeted_groups(self) -> int:
+        """Groups the staleness rule counts: every started one; with dynamic sampling only those that can
+        reach the trainer usable (open, or appended with more than half of their members done), so a
+        filtered group frees its place at once and the trainer's step can still be filled."""
+        if self.cfg.dynamic_sampling.enabled:
+            return self.counters.ordinal - self.counters.not_usable()
+        return self.counters.ordinal
 
     # Events ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -274,12 +287,32 @@ class Orchestrator:
         self.metrics.episodes.labels(group.env, status if state is MemberState.done else "given_up").inc()
         self.metrics.finished(time.monotonic())
         if group.complete:
-            del self.groups[group.group_id]
-            env["groups"] += 1
-            self.metrics.groups.labels(group.env).inc()
-            self.ledger.complete(group)
+            self.complete_group(group)
         else:
             self.ledger.touch(group)
+
+    def complete_group(self, group: Group) -> None:
+        """Every member finished: append the group's record, or filter it (dynamic sampling)."""
+        del self.groups[group.group_id]
+        env = self.counters.by_env[group.env]
+        verdict, filtered, self.counters.filter_streak = self.sampler.decide(group, self.counters.filter_streak)
+        self.metrics.filtered_fraction.set(self.sampler.filtered_fraction)
+        if filtered:
+            env["filtered"] += 1
+            self.metrics.filtered.labels(group.env).inc()
+            self.ledger.discard(group)
+            self.wake()  # its place under the staleness budget is free again
+            return
+        if verdict is Verdict.unusable:
+            env["unusable"] += 1
+            if self.sampler.enabled:
+                self.wake()  # not counted under the staleness budget: a place is free
+        elif verdict is Verdict.uninformative and self.sampler.enabled:
+            env["passed"] += 1
+            self.metrics.passed.labels(group.env).inc()
+        env["groups"] += 1
+        self.metrics.groups.labels(group.env).inc()
+        self.ledger.complete(group)
 
     # Services ------------------------------------------------------------------------------------
     async def register(self, req: RegisterRequest) -> Service:
@@ -364,6 +397,8 @@ class Orchestrator:
             c = self.counters.by_env[name]
             by_env[name] = EnvStatus(in_flight=sum(s.in_flight for s in q.services.values()), queued=len(q.pending),
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
+                                     groups_filtered=c["filtered"], groups_passed=c["passed"],
+                                     groups_unusable=c["unusable"],
                                      healthy_services=q.healthy_services(), weight=q.weight,
                                      outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
@@ -371,7 +406,9 @@ class Orchestrator:
             completed=self.counters.total("completed"), failed=self.counters.total("failed"),
             retried=self.counters.retried, groups_completed=self.counters.total("groups"),
             groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions,
-            groups_open=len(self.groups),
+            groups_open=len(self.groups), groups_filtered=self.counters.total("filtered"),
+            groups_passed=self.counters.total("passed"), groups_unusable=self.counters.total("unusable"),
+            filtered_fraction=self.sampler.filtered_fraction, filter_streak=self.counters.filter_streak,
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
             weight_version=self.backpressure.served_version, paused=bool(self.pause_reasons),
             pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),

@@ -24,6 +24,13 @@ class OrchestratorMetrics:
                                 "(model outcomes once per member, failures once per failed attempt)",
                                 ["env", "outcome", "reason"], registry=r)
         self.groups = Counter("asyncrl_orch_groups_completed", "GroupRecords appended", ["env"], registry=r)
+        self.filtered = Counter("asyncrl_orch_groups_filtered", "Complete groups with equal rewards not appended "
+                                "(dynamic sampling; their samples deleted)", ["env"], registry=r)
+        self.passed = Counter("asyncrl_orch_groups_passed_uninformative", "Groups with equal rewards appended anyway "
+                              "(dynamic sampling's guard: max_filtered_batches in a row were filtered)", ["env"],
+                              registry=r)
+        self.filtered_fraction = Gauge("asyncrl_orch_filtered_fraction", "Fraction of the latest complete groups "
+                                       "(64 or 4 x groups_per_step) that dynamic sampling filtered", registry=r)
         self.in_flight = Gauge("asyncrl_orch_in_flight", "Episodes running at env services", ["env"], registry=r)
         self.queued = Gauge("asyncrl_orch_queued", "Episodes of accepted groups waiting for a slot", registry=r)
         self.healthy = Gauge("asyncrl_orch_services_healthy", "Healthy services", ["env"], registry=r)

@@ -75,7 +75,8 @@ class Runtime:
             await asyncio.sleep(METRICS_INTERVAL_S)
             status = self.orch.status()
             values = {k: float(getattr(status, k)) for k in ("in_flight", "queued", "completed", "failed", "retried",
-                                                             "groups_completed", "episodes_per_s")}
+                                                             "groups_completed", "episodes_per_s", "groups_filtered",
+                                                             "groups_passed", "filtered_fraction")}
             values["dispatch_overhead_p99_ms"] = status.dispatch_overhead.p99_ms
             values.update({f"outcome_{cls}": float(sum(reasons.values())) for cls, reasons in status.outcomes.items()})
             try:

@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from asyncrl.config import OrchestratorConfig, SamplingConfig
+from asyncrl.config import DynamicSamplingConfig, OrchestratorConfig, SamplingConfig
 from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
                                             RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
 from asyncrl.service import install_error_handlers, parse_json_body, serve
@@ -144,6 +144,14 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
     p.add_argument("--sampling", type=_sampling, default=SamplingConfig(),
                    help='the run\'s sampling config as JSON, every field of asyncrl.config.SamplingConfig '
                         '(missing ones keep their default), e.g. \'{"temperature": 0.7, "max_new_tokens": 64}\'')
+    ds = d.dynamic_sampling
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="filter complete groups whose rewards are all equal (DAPO); docs/orchestrator.md")
+    p.add_argument("--dynamic-sampling-std-tol", type=float, default=ds.std_tol,
+                   help="a group with reward std <= this is uninformative (default: exactly equal rewards)")
+    p.add_argument("--dynamic-sampling-max-filtered-batches", type=int, default=ds.max_filtered_batches,
+                   help="after this many x groups-per-step groups filtered in a row, deliver uninformative "
+                        "groups until an informative one comes (0: never)")
     p.add_argument("--model-name", default=d.model_name)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -153,6 +161,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
         gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
         sampling=a.sampling,
+        dynamic_sampling=DynamicSamplingConfig(enabled=a.dynamic_sampling, std_tol=a.dynamic_sampling_std_tol,
+                                               max_filtered_batches=a.dynamic_sampling_max_filtered_batches),
         domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit, max_groups=a.max_groups,
         **{k: getattr(a, k) for k in ("max_in_flight", "group_size", "max_attempts", "max_turns", "seed",
                                        "max_unconsumed_groups", "groups_per_step", "heartbeat_interval_s",
