@@ -49,27 +49,35 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`ray job stop`, a timeout, `kill`): unwinds like Ctrl-C, through the clean shutdown. A
-    KeyboardInterrupt, so a Ray call it interrupts unwinds as it does for Ctrl-C."""
+class StopSignals:
+    """Ctrl-C and SIGTERM (`ray job stop`, a timeout, `kill`) unwind the launcher through its clean
+    shutdown as a KeyboardInterrupt (what Ray's blocking calls expect; Ray re-raises a fresh one, so
+    which signal came is kept here, for the exit code)."""
 
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
 
-def _raise_stop(signum: int, _frame: object) -> None:
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    def install(self) -> None:
+        """At start, and again after ray.init: its core worker installs a SIGTERM handler of its own (a
+        crash banner, then abort)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._raise)
 
+    def ignore(self) -> None:
+        """While shutting down: a second Ctrl-C must not cut the shutdown short and leave processes behind."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._note)
 
-def _install_stop_handlers() -> None:
-    """After ray.init: its core worker installs a SIGTERM handler of its own (a crash banner, then abort)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _raise_stop)
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.received or signal.SIGINT)
 
+    def _raise(self, signum: int, _frame: object) -> None:
+        self.received = signum
+        raise KeyboardInterrupt()
 
-def _ignore_stop_signals() -> None:
-    """While shutting down: a second Ctrl-C must not cut the shutdown short and leave processes behind."""
-    def note(signum: int, _frame: object) -> None:
+    def _note(self, signum: int, _frame: object) -> None:
         log.warning("%s: already stopping (within %.0f s)", signal.Signals(signum).name, STOP_BUDGET_S)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, note)
 
 
 STOP_BUDGET_S = 15.0
@@ -88,6 +96,8 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
     run_dir = resolve_run_dir(cfg.run_dir)
     _configure_logging(run_dir)
     _prepare_run_dir(cfg, run_dir)
+    signals = StopSignals()
+    signals.install()
     with ExitStack() as stack:
         job: Optional[Job] = None
         interrupted = True
@@ -95,7 +105,7 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
             redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
             (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
             _start_ray(cfg, stack)
-            _install_stop_handlers()
+            signals.install()
             job = Job(cfg, run_dir, redis_url)
             job.start()
             job.wait()
@@ -105,13 +115,13 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
             log.error("asyncrl: %s", err)
             print(f"asyncrl: {err}", flush=True)
             return 1
-        except KeyboardInterrupt as err:
-            code = 143 if isinstance(err, Terminated) else 130
+        except KeyboardInterrupt:
+            code = signals.exit_code
             log.warning("%s: stopping the run (exit %d); re-run the same command to resume",
                         "SIGTERM" if code == 143 else "interrupted", code)
             return code
         finally:
-            _ignore_stop_signals()
+            signals.ignore()
             if job is not None:
                 job.shutdown(interrupted)
     path = summary.write(run_dir)

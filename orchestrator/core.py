@@ -85,12 +85,12 @@ class Orchestrator:
         return signals
 
     def _budgeted_groups(self) -> int:
-        """Groups the staleness rule counts: every started one; with dynamic sampling only those that can
-        reach the trainer usable (open, or appended with more than half of their members done), so a
-        filtered group frees its place at once and the trainer's step can still be filled."""
-        if self.cfg.dynamic_sampling.enabled:
-            return self.counters.ordinal - self.counters.not_usable()
-        return self.counters.ordinal
+        """Groups the staleness rule counts: those that can reach the trainer usable (open, or appended with
+        more than half of their members done). A group the trainer will drop (too many failed members) or
+        that dynamic sampling filtered frees its place at once, so a step can still be filled: counting
+        every started group deadlocked a sync run whose batch held one such group (the trainer waited for
+        one more group, the orchestrator for the push)."""
+        return self.counters.ordinal - self.counters.not_usable()
 
     # Events ---------------------------------------------------------------------------------------
     def wake(self) -> None:
