@@ -64,12 +64,17 @@ class ChatReply:
         return message
 
     def deltas(self, output_ids: Sequence[int], final: bool) -> list[dict[str, Any]]:
-        """Text not yet streamed, as chunk deltas. An unclosed tool call and the tail that could still
-        become a stop string are held back until they resolve; tool calls come in the final delta."""
+        """Text not yet streamed, as chunk deltas. An unclosed tool call, the tail that could still
+        become a stop string and an incomplete UTF-8 character at the end (a token may hold part of one:
+        decoded, it is '\ufffd' until the rest arrives) are held back until they resolve, as SGLang's and
+        vLLM's incremental detokenizers do; the final call emits the rest, so the deltas add up to message().
+        Tool calls come in the final delta."""
         ids = list(output_ids) if final else self._before_open_call(output_ids)
         parsed = self.template.parse_assistant(ids, self.tools, self.call_prefix)
         visible = {"reasoning_content": parsed.reasoning_content,
                    "content": _cut_at_stop(parsed.content, self.stops, hold_back=not final)}
+        if not final:
+            visible = {field: text.rstrip(REPLACEMENT_CHAR) for field, text in visible.items()}
         deltas = []
         for field, text in visible.items():
             if text.startswith(self.sent[field]) and len(text) > len(self.sent[field]):
@@ -88,6 +93,10 @@ class ChatReply:
             if ids[i] == self._open_call:
                 return list(ids[:i])
         return list(ids)
+
+
+REPLACEMENT_CHAR = "\ufffd"
+"""What decoding gives for bytes that are not (yet) a whole UTF-8 character."""
 
 
 def _cut_at_stop(text: str, stops: Sequence[str], hold_back: bool = False) -> str:
@@ -113,11 +122,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
-    """OpenAI `choices[0].logprobs` of the generated tokens (top_logprobs are not reported)."""
+    """OpenAI `choices[0].logprobs` of the generated tokens (top_logprobs are not reported). `bytes` are the
+    token's own bytes (part of a UTF-8 character for some tokens)."""
     content = []
     for token_id, logprob in zip(output_ids, logprobs):
-        text = tokenizer.decode([token_id])
-        content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+        content.append({"token": tokenizer.decode([token_id]), "logprob": logprob,
+                        "bytes": list(tokenizer.token_bytes(token_id)), "top_logprobs": []})
     return {"content": content, "refusal": None}
 
 
