@@ -54,8 +54,11 @@ def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> Eng
         versions[span.start:span.end] = [_version(span.version)] * (min(span.end, n) - span.start)
     finish = meta.finish_reason or {"type": "abort"}
     routing = _routing_rows(engine, meta, prompt_len + n - 1) if finish["type"] != "abort" else None
+    top = [[(float(entry[0]), int(entry[1])) for entry in row or []] for row in (meta.output_top_logprobs or [])][:n]
+    if top and len(top) != n:
+        raise EngineRequestError(f"engine {engine} returned top log-probs for {len(top)} of {n} tokens")
     return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
-                      meta.e2e_latency, routing)
+                      meta.e2e_latency, routing, top)
 
 
 def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:
@@ -117,7 +120,7 @@ class TurnRunner:
             rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
             call = None
             try:
-                async with aclosing(self._call(engine, session, turn.prompt, params, rid, stream)) as calls:
+                async with aclosing(self._call(engine, session, turn, params, rid, stream)) as calls:
                     async for call, done in calls:
                         if done or stream:
                             yield turn.output_ids + call.output_ids
@@ -128,7 +131,8 @@ class TurnRunner:
                 self.metrics.engine_errors.labels(engine.url).inc()
                 failed |= {engine.url}
                 if call is not None and call.output_ids:  # a stream cut mid-way: keep what arrived
-                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort"))
+                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort",
+                                                 top_logprobs=call.top_logprobs))
                 continue
             if call.output_ids or call.finish_reason != "abort":
                 turn.calls.append(call)
@@ -140,21 +144,23 @@ class TurnRunner:
                 raise NoEngineError(f"session {session.id}: engine calls aborted {interruptions} times in a row")
             await asyncio.sleep(self.interruption_backoff_s)
 
-    async def _call(self, engine: EngineState, session: Session, prompt: list[int], params: dict[str, Any],
+    async def _call(self, engine: EngineState, session: Session, turn: Turn, params: dict[str, Any],
                     rid: str, stream: bool) -> AsyncIterator[tuple[EngineCall, bool]]:
-        """One engine /generate; yields (call so far, finished)."""
+        """One engine /generate of the turn's prompt so far; yields (call so far, finished)."""
+        prompt = turn.prompt
         session.in_flight[rid] = engine.url
         engine.in_flight += 1
         engine.requests += 1
         started = time.perf_counter()
         try:
-            routing = self.routing_replay
+            routing, top = self.routing_replay, turn.top_logprobs
             if not stream:
-                response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing)
+                response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing,
+                                                        top_logprobs_num=top)
                 yield engine_call(engine.url, response, len(prompt)), True
                 return
-            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid,
-                                                              return_routed_experts=routing)) as snapshots:
+            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid, return_routed_experts=routing,
+                                                              top_logprobs_num=top)) as snapshots:
                 async for snapshot in snapshots:
                     yield engine_call(engine.url, snapshot, len(prompt)), snapshot.meta_info.finish_reason is not None
         finally:

@@ -41,6 +41,12 @@ def chat_sampling(request: ChatCompletionRequest, defaults: SessionSampling, tur
     params["stop_token_ids"] = list(stop_token_ids)
     if request.stop_strings:
         params["stop"] = request.stop_strings
+    # What changes the distribution is put here under the request's own names, for check_sampling to refuse
+    # (or to drop, at a neutral value) with the truncating fields: one policy for every API.
+    distribution = {"frequency_penalty": request.frequency_penalty,
+                    "presence_penalty": request.presence_penalty, "repetition_penalty": request.repetition_penalty,
+                    "logit_bias": request.logit_bias, "response_format": request.response_format}
+    params.update({name: value for name, value in distribution.items() if value is not None})
     return params
 
 
@@ -121,13 +127,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
-    """OpenAI `choices[0].logprobs` of the generated tokens (top_logprobs are not reported). `bytes` are the
-    token's own bytes (part of a UTF-8 character for some tokens)."""
-    content = []
-    for token_id, logprob in zip(output_ids, logprobs):
-        content.append({"token": tokenizer.decode([token_id]), "logprob": logprob,
-                        "bytes": list(tokenizer.token_bytes(token_id)), "top_logprobs": []})
+def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Sequence[float],
+                   top_logprobs: Sequence[Sequence[tuple[float, int]]] = ()) -> dict[str, Any]:
+    """OpenAI `choices[0].logprobs` of the generated tokens, each with its top alternatives when asked.
+    `bytes` are the token's own bytes (part of a UTF-8 character for some tokens)."""
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": tokenizer.decode([token_id]), "logprob": logprob,
+                "bytes": list(tokenizer.token_bytes(token_id))}
+
+    tops = list(top_logprobs) or [[] for _ in output_ids]
+    content = [{**entry(token_id, logprob), "top_logprobs": [entry(i, lp) for lp, i in top]}
+               for token_id, logprob, top in zip(output_ids, logprobs, tops)]
     return {"content": content, "refusal": None}
 
 
@@ -139,9 +149,9 @@ def chat_completion(completion_id: str, model: str, message: dict[str, Any], fin
 
 
 def chat_chunk(completion_id: str, model: str, delta: Optional[dict[str, Any]], finish: Optional[str] = None,
-               usage_: Optional[dict[str, int]] = None) -> dict[str, Any]:
+               usage_: Optional[dict[str, int]] = None, logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """One `chat.completion.chunk`; delta None gives the usage-only chunk (choices [])."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
     chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
              "choices": choices}
     if usage_ is not None:

@@ -52,6 +52,8 @@ class EngineCall:
     """The engine's own e2e_latency of the call (its queueing and compute, not HTTP)."""
     routed_experts: Optional[np.ndarray] = None
     """Routing replay: int32 [prompt + output - 1, layers x top_k] from the engine (None if not asked)."""
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    """Per output token, its top alternatives (logprob, id), when the turn asked for them."""
 
 
 @dataclass
@@ -119,6 +121,8 @@ class Turn:
     calls: list[EngineCall] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
     """The SGLang sampling params the turn's engine calls ran with (set by TurnRunner)."""
+    top_logprobs: int = 0
+    """Alternatives per output token to ask the engines for (OpenAI top_logprobs, SGLang top_logprobs_num)."""
 
     @property
     def first_prompt(self) -> list[int]:
@@ -138,6 +142,11 @@ class Turn:
     @property
     def output_logprobs(self) -> list[float]:
         return [lp for call in self.calls for lp in call.logprobs]
+
+    @property
+    def output_top_logprobs(self) -> list[list[tuple[float, int]]]:
+        """Top alternatives of each output token ([] per token unless asked)."""
+        return [top for call in self.calls for top in (call.top_logprobs or [[] for _ in call.output_ids])]
 
     @property
     def finish_reason(self) -> str:
