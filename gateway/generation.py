@@ -100,9 +100,13 @@ class TurnRunner:
     async def stream(self, session: Session, turn: Turn, sampling: dict[str, Any],
                      stream: bool = True) -> AsyncIterator[list[int]]:
         """Generate until the turn ends by stop or length; yields the turn's cumulative output ids
-        (after every engine update when `stream`, else once per call)."""
+        (after every engine update when `stream`, else once per call). A turn with forced tokens gets them
+        at its start, or, with `forced_after`, when a call stops on that token: the next call continues
+        after them (tool_choice; the budget counts generated tokens only)."""
         budget = sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
         turn.sampling = sampling
+        if turn.forced_pending and turn.forced_after is None:
+            turn.force()
         failed: frozenset[str] = frozenset()
         interruptions = rounds = 0
         while True:
@@ -116,7 +120,9 @@ class TurnRunner:
             if engine is None:
                 raise NoEngineError(f"no engine could run the turn (failed: {sorted(failed) or 'none'}; "
                                     f"engines: {sorted(self.pool.engines) or 'none'})")
-            params = {**sampling, "max_new_tokens": budget - len(turn.output_ids)}
+            params = {**sampling, "max_new_tokens": budget - len(turn.generated_ids)}
+            if turn.forced_pending:  # the call stops where the forced tokens go
+                params["stop_token_ids"] = [*params.get("stop_token_ids", []), turn.forced_after]
             rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
             call = None
             try:
@@ -137,6 +143,12 @@ class TurnRunner:
             if call.output_ids or call.finish_reason != "abort":
                 turn.calls.append(call)
             if call.finish_reason != "abort":
+                if (turn.forced_pending and call.finish_reason == "stop" and call.output_ids[-1:] == [turn.forced_after]
+                        and len(turn.generated_ids) < budget):
+                    turn.force()
+                    if stream:
+                        yield turn.output_ids
+                    continue
                 return
             interruptions += 1
             self.metrics.engine_interruptions.inc()

@@ -22,8 +22,8 @@ from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequ
 from asyncrl.tokenizer import Tokenizer
 from gateway.generation import NoEngineError, TurnRunner
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import (ChatReply, chat_chunk, chat_completion, chat_sampling, finish_reason, token_logprobs,
-                                turn_sampling, usage)
+from gateway.openai_api import (ChatReply, ToolPlan, chat_chunk, chat_completion, chat_sampling, finish_reason,
+                                token_logprobs, tool_plan, turn_sampling, usage)
 from gateway.sampling import check_sampling
 from gateway.session import Session, SessionClosedError, Turn
 
@@ -42,18 +42,21 @@ class Turns:
         self.spawn = spawn
 
     # OpenAI chat -------------------------------------------------------------------------------------
-    def plan_chat(self, session: Session, request: ChatCompletionRequest) -> Turn:
+    def plan_chat(self, session: Session, request: ChatCompletionRequest) -> tuple[Turn, ToolPlan]:
+        plan = tool_plan(self.template, request)
         turn = session.chat_turn(self.template, request.messages, request.tools)
+        turn.forced, turn.forced_after = list(plan.forced), plan.forced_after
         turn.top_logprobs = (request.top_logprobs or 0) if request.logprobs else 0
-        return turn
+        return turn, plan
 
-    def chat_sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
+    def chat_sampling(self, session: Session, request: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
         """The turn's engine sampling params; SamplingPolicyError (400) if the session's policy refuses them."""
-        return check_sampling(chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids),
+        stops = [*self.template.stop_token_ids, *plan.stops]
+        return check_sampling(chat_sampling(request, session.sampling, session.num_turns, stops),
                               session.sampling.allow_truncation)
 
     def _logprobs(self, turn: Turn) -> dict[str, Any]:
-        return token_logprobs(self.template.tokenizer, turn.output_ids, turn.output_logprobs,
+        return token_logprobs(self.template.tokenizer, turn.generated_ids, turn.output_logprobs,
                               turn.output_top_logprobs if turn.top_logprobs else ())
 
     async def chat(self, session: Session, request: ChatCompletionRequest, client: Request
@@ -62,9 +65,9 @@ class Turns:
         started = time.perf_counter()
         async with session.lock:
             session.ensure_open()
-            turn = self.plan_chat(session, request)
-            reply = ChatReply(self.template, request, session.num_turns)
-            await self._run_watching_client(session, turn, self.chat_sampling(session, request), client)
+            turn, plan = self.plan_chat(session, request)
+            reply = ChatReply(self.template, request, session.num_turns, plan)
+            await self._run_watching_client(session, turn, self.chat_sampling(session, request, plan), client)
             message = reply.message(turn.output_ids)
             session.commit(turn, message)
         self._count(session, turn, "chat", started)
@@ -79,9 +82,9 @@ class Turns:
         completion_id = _completion_id()
         async with session.lock:
             session.ensure_open()
-            turn = self.plan_chat(session, request)
-            reply = ChatReply(self.template, request, session.num_turns)
-            sampling = self.chat_sampling(session, request)
+            turn, plan = self.plan_chat(session, request)
+            reply = ChatReply(self.template, request, session.num_turns, plan)
+            sampling = self.chat_sampling(session, request, plan)
             yield _sse(chat_chunk(completion_id, self.model_name, {"role": "assistant", "content": ""}))
             try:
                 async with _AbortUnlessCommitted(self, session) as committed:
@@ -158,7 +161,7 @@ class Turns:
             self.metrics.new_segments.inc()
         self.metrics.turns.labels(api, turn.finish_reason).inc()
         self.metrics.prompt_tokens.inc(len(turn.new_ids))
-        self.metrics.generated_tokens.inc(len(turn.output_ids))
+        self.metrics.generated_tokens.inc(len(turn.generated_ids))
         self.metrics.turn_latency.labels(api).observe(time.perf_counter() - started)
 
 
@@ -194,7 +197,9 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def _usage(turn: Turn) -> dict[str, int]:
-    return usage(turn.base_len + len(turn.new_ids), len(turn.output_ids))
+    """Completion tokens are the generated ones; tokens the gateway forced (tool_choice) count as prompt."""
+    generated = len(turn.generated_ids)
+    return usage(turn.base_len + len(turn.new_ids) + len(turn.output_ids) - generated, generated)
 
 
 def _generate_response(turn: Turn, text: str, request: SessionGenerateRequest, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -205,7 +210,7 @@ def _generate_response(turn: Turn, text: str, request: SessionGenerateRequest, t
         finish["matched"] = last.matched_stop
     elif last.finish_reason == "length":
         finish["length"] = len(turn.output_ids)
-    versions = [v for call in turn.calls for v in call.versions]
+    versions = [v for call in turn.calls if not call.forced for v in call.versions]
     meta: dict[str, Any] = {
         "id": secrets.token_hex(12), "finish_reason": finish, "prompt_tokens": turn.base_len + len(turn.new_ids),
         "completion_tokens": len(turn.output_ids), "cached_tokens": 0,

@@ -233,6 +233,9 @@ CHAT_UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 Fields that change the sampling distribution (penalties, logit_bias, response_format) are declared below
 and refused by the sampling policy (gateway/sampling.py), so that token-native turns get the same answer."""
 
+TOOL_CHOICES = ("none", "auto", "required")
+
+
 class ChatCompletionRequest(_Lenient):
     """OpenAI's Chat Completions request. Every field a client sends is honoured or refused with a 400
     naming it (docs/gateway.md has the table): unknown fields and CHAT_UNHONOURED ones here, the
@@ -243,7 +246,9 @@ class ChatCompletionRequest(_Lenient):
     """Any name: a session serves its run's policy (GET /v1/models lists the name it answers with)."""
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    """Accepted; the model decides (GLM renders tools the same way for every choice)."""
+    """none | auto | required | {"type": "function", "function": {"name": ...}} (gateway/openai_api.ToolPlan)."""
+    parallel_tool_calls: Optional[bool] = None
+    """false: the reply ends after its first tool call (the call's </tool_call> is a stop token)."""
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
@@ -302,7 +307,33 @@ class ChatCompletionRequest(_Lenient):
             raise ValueError("stream_options: only with stream=true (as OpenAI answers)")
         if self.top_logprobs and not self.logprobs:
             raise ValueError(f"top_logprobs={self.top_logprobs}: needs logprobs=true")
+        self._check_tool_choice()
         return self
+
+    def _check_tool_choice(self) -> None:
+        choice = self.tool_choice
+        if choice is None or choice in ("none", "auto"):
+            return
+        if isinstance(choice, str) and choice != "required":
+            raise ValueError(f"tool_choice={choice!r}: one of {', '.join(TOOL_CHOICES)} or "
+                             "{'type': 'function', 'function': {'name': ...}}")
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(function, dict) or not isinstance(
+                    function.get("name"), str) or set(choice) - {"type", "function"}:
+                raise ValueError(f"tool_choice={choice!r}: the gateway honours a named function only, "
+                                 "{'type': 'function', 'function': {'name': ...}} (not allowed_tools or custom tools)")
+        specs = [tool.get("function", tool) if isinstance(tool, dict) else {} for tool in self.tools or []]
+        names = [spec.get("name") for spec in specs if isinstance(spec, dict)]
+        if not names:
+            raise ValueError(f"tool_choice={choice!r}: needs tools")
+        if isinstance(choice, dict) and choice["function"]["name"] not in names:
+            raise ValueError(f"tool_choice names {choice['function']['name']!r}, which is not among the tools {names}")
+
+    @property
+    def forced_tool(self) -> Optional[str]:
+        """The function tool_choice names, if it names one."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
 
     @property
     def stop_strings(self) -> list[str]:
