@@ -217,6 +217,12 @@ class OrchestratorConfig:
     """Sent to envs as deadline_s; the orchestrator gives up on the request `request_grace_s` later."""
     request_grace_s: float = 30.0
     max_turns: int = 20
+    max_turns_by_env: dict[str, int] = field(default_factory=dict)
+    """max_turns of one env's episodes, by env name or domain (the name's entry first); missing = max_turns.
+    The launcher fills it from envs.services.<name>.max_turns."""
+    episode_timeout_s_by_env: dict[str, float] = field(default_factory=dict)
+    """episode_timeout_s (deadline_s) of one env's episodes, by env name or domain; missing = episode_timeout_s.
+    The launcher fills it from envs.services.<name>.episode_timeout_s."""
     domain_weights: dict[str, float] = field(default_factory=dict)
     """Dispatch ratios by env name or domain, e.g. {swe: 2, terminal: 1, search: 1}; a domain's weight is
     shared by its envs (in proportion to their registered weights); missing = env's registered weight."""
@@ -246,10 +252,13 @@ class OrchestratorConfig:
 
 @dataclass
 class EnvServiceConfig:
-    name: str = MISSING
+    name: Optional[str] = None
+    """The env's name at the orchestrator (its replicas share it); None = its key in envs.services."""
     target: str = MISSING
-    """Dotted path of the env class (e.g. envs.tasks.ArithmeticEnv) served by the SDK app."""
-    domain: str = ""
+    """The env class served by the SDK app: a dotted path (envs.tasks.ArithmeticEnv, my_pkg.MyEnv: importable
+    from the run's working directory or $PYTHONPATH) or path/to/file.py:Class (relative to that directory)."""
+    domain: Optional[str] = None
+    """None = the env class's `domain`, else the name (the service fills it in when it registers)."""
     num_replicas: int = 1
     capacity: int = 64
     weight: float = 1.0
@@ -258,6 +267,16 @@ class EnvServiceConfig:
     sandbox: str = "namespace"
     """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
+    max_turns: Optional[int] = None
+    """Model calls an episode of this env may make (EpisodeContext.max_turns); None = orchestrator.max_turns."""
+    episode_timeout_s: Optional[float] = None
+    """Deadline of this env's episodes (EpisodeContext.deadline_s); None = orchestrator.episode_timeout_s."""
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
+            raise ValueError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
 
     @property
     def serve_args(self) -> list[str]:
@@ -269,7 +288,35 @@ class EnvServiceConfig:
 
 @dataclass
 class EnvsConfig:
-    services: list[EnvServiceConfig] = field(default_factory=list)
+    services: dict[str, Any] = field(default_factory=dict)
+    """The run's env services by name, each an EnvServiceConfig: `+envs.services.myenv={target: my_pkg.MyEnv}`
+    adds one to those of the config, `envs.services.arithmetic.max_turns=5` sets a field of one,
+    `~envs.services.arithmetic` drops one (docs/envs.md "Adding an env to a run").
+
+    Typed `Any` and open (not in Hydra's struct mode, see register_configs) because OmegaConf 2.3 cannot
+    add a `{...}` override to a dict of dataclasses ("dict is not a subclass of EnvServiceConfig"); each
+    entry is validated against EnvServiceConfig here instead, when the run's config is resolved
+    (to_dataclass), and a misspelt field fails there naming it (`envs.services.myenv.capacitty`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.services, dict):
+            raise ValueError(f"envs.services must map env names to their settings ({{arithmetic: {{target: ...}}, "
+                             f"...}}), got {type(self.services).__name__}")
+        self.services = {key: _env_service(str(key), value) for key, value in self.services.items()}
+
+
+def _env_service(key: str, value: Any) -> EnvServiceConfig:
+    if isinstance(value, EnvServiceConfig):
+        service = value
+    else:
+        try:
+            service = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvServiceConfig), value or {}))
+        except Exception as err:  # OmegaConf's errors name the field relative to the entry
+            message = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+            field_key = getattr(err, "full_key", None)
+            raise ValueError(f"envs.services.{key}{'.' + field_key if field_key else ''}: {message}") from err
+    service.name = service.name or key
+    return service
 
 
 @dataclass
@@ -445,9 +492,12 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    run, envs = OmegaConf.structured(RunConfig), OmegaConf.structured(EnvsConfig)
+    for services in (run.envs.services, envs.services):  # new env names and fields may be added (EnvsConfig)
+        OmegaConf.set_struct(services, False)
+    cs.store(name="run_schema", node=run)
     for group, node in [("model", ModelSection), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
-                        ("envs", EnvsConfig)]:
+                        ("envs", envs)]:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 

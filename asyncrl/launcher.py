@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl.config import RunConfig
+from asyncrl.config import EnvServiceConfig, RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.run_summary import RunSummary, format_duration, summarize
@@ -190,8 +190,9 @@ def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
     if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         ray.init(address=address, namespace=cfg.name, log_to_driver=False)  # the job's working_dir carries the code
     else:
+        # The run's working directory too: env classes of the user's own (`target: my_pkg.MyEnv`) import from it.
         repo = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(dict.fromkeys(filter(None, [repo, os.getcwd(), os.environ.get("PYTHONPATH")])))
         # "local": a fresh cluster of our own; with no address Ray would try the last cluster started on
         # this machine (/tmp/ray/ray_current_cluster), which may be dead or someone else's.
         local = {} if address else {"num_cpus": cfg.ray.num_cpus or os.cpu_count(), "include_dashboard": False}
@@ -226,7 +227,7 @@ class Job:
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)
         orchestrator = self._guard("orchestrator", lambda: self._start_orchestrator(gateway))
-        for env in cfg.envs.services:
+        for env in cfg.envs.services.values():
             for replica in range(env.num_replicas):
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
         self._start_training()
@@ -237,7 +238,7 @@ class Job:
                                    headers=_bearer(cfg.orchestrator.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
-                 sum(e.num_replicas for e in cfg.envs.services), self.run_dir)
+                 sum(e.num_replicas for e in cfg.envs.services.values()), self.run_dir)
 
     def _announce_resume(self) -> int:
         """Say what a re-run found and what it does with it; -> the step it resumes from."""
@@ -315,14 +316,8 @@ class Job:
                              env)
 
     def _start_env(self, env, replica: int, orchestrator: str) -> str:
-        args = ["--env", env.target, "--orchestrator", orchestrator, "--capacity", str(env.capacity),
-                "--weight", str(env.weight)]
-        if env.domain:
-            args += ["--domain", env.domain]
-        for key, value in env.options.items():
-            args += ["--option", f"{key}={value}"]
-        args += list(env.serve_args)
-        return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service, args,
+        return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
+                             env_service_args(env, orchestrator),
                              _token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token))
 
     def _create_trainer(self, model_path: str) -> None:
@@ -549,6 +544,18 @@ def _bearer(token: Optional[str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def env_service_args(env: EnvServiceConfig, orchestrator: str) -> list[str]:
+    """An env service's command line (`python -m envs.serve ...`). It registers under the config's name; with
+    no domain configured the service takes its class's `domain`, else that name."""
+    args = ["--env", env.target, "--name", env.name, "--orchestrator", orchestrator, "--capacity", str(env.capacity),
+            "--weight", str(env.weight)]
+    if env.domain:
+        args += ["--domain", env.domain]
+    for key, value in env.options.items():
+        args += ["--option", f"{key}={value}"]
+    return args + list(env.serve_args)
+
+
 def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]:
     """The orchestrator's command line for this run (the same in both modes but for the staleness limit)."""
     o = cfg.orchestrator
@@ -571,6 +578,14 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
         args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
     if o.rate_limits:
         args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
+    # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
+    envs = cfg.envs.services.values()
+    for flag, by_env, own in (("--max-turns-by-env", o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
+                              ("--episode-timeout-s-by-env", o.episode_timeout_s_by_env,
+                               {e.name: e.episode_timeout_s for e in envs})):
+        merged = {**by_env, **{name: value for name, value in own.items() if value is not None}}
+        if merged:
+            args += [flag, ",".join(f"{k}={v}" for k, v in merged.items())]
     return args
 
 

@@ -210,11 +210,20 @@ class Orchestrator:
         except GatewayError as err:
             return Outcome("error", error=str(err), reason=ORCHESTRATOR_ERROR)
         self.ledger.touch(group)
+        max_turns, deadline_s = self.episode_limits(service)
         request = EpisodeRequest(episode_id=episode_id, task_id=group.task_id, seed=member.seed, llm=llm,
-                                 max_turns=self.cfg.max_turns, deadline_s=self.cfg.episode_timeout_s)
+                                 max_turns=max_turns, deadline_s=deadline_s)
         clock = SendClock(member.ready_at, self.metrics.dispatched)
-        return await self.envs.run_episode(service.url, request, self.cfg.episode_timeout_s + self.cfg.request_grace_s,
-                                           clock)
+        return await self.envs.run_episode(service.url, request, deadline_s + self.cfg.request_grace_s, clock)
+
+    def episode_limits(self, service: Service) -> tuple[int, float]:
+        """(max_turns, deadline_s) of an episode at `service`: its env's setting (`max_turns_by_env`,
+        `episode_timeout_s_by_env`, by env name, else by domain), else the run's."""
+        def pick(by_env: dict, default):
+            return by_env.get(service.name, by_env.get(service.domain, default))
+
+        return (pick(self.cfg.max_turns_by_env, self.cfg.max_turns),
+                pick(self.cfg.episode_timeout_s_by_env, self.cfg.episode_timeout_s))
 
     async def _settle(self, group: Group, member: Member, service: Service, outcome: Outcome) -> None:
         response = outcome.response

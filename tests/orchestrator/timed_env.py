@@ -49,7 +49,7 @@ class TimedEnv(Environment):
 
     async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
         base_url = str(llm.base_url)
-        self.note("start", ctx, base_url=base_url)
+        self.note("start", ctx, base_url=base_url, max_turns=ctx.max_turns, deadline_s=ctx.deadline_s)
         outcome = "cancelled"
         try:
             replies = await self.talk(task_id, llm, ctx)
