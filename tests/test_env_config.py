@@ -207,7 +207,7 @@ with ExitStack() as stack:
         print(json.dumps([job._start_env(env, 0, sys.argv[1]) for env in cfg.envs.services.values()]), flush=True)
         sys.stdin.readline()  # until the test has seen the registrations
     finally:
-        job.shutdown()
+        job.shutdown(False)  # after the work: the unhurried stop
 ''')
     orchestrator = RecordingOrchestrator().start()
     driver = subprocess.Popen([sys.executable, "driver.py", orchestrator.url], cwd=project, stdin=subprocess.PIPE,
@@ -226,5 +226,5 @@ with ExitStack() as stack:
         orchestrator.stop()
     registered = {c.body["name"]: (c.body["domain"], c.body["url"]) for c in orchestrator.registrations()}
     assert registered == {"mine": ("toy", urls[0]), "loose": ("loose", urls[1])}
-    # job.shutdown() stopped both services the clean way (SIGTERM: they deregistered)
+    # job.shutdown(False) stopped both services the clean way (SIGTERM: they deregistered)
     assert sorted(c.path for c in orchestrator.of("DELETE")) == ["/v1/envs/env-1", "/v1/envs/env-2"]
