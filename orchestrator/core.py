@@ -56,7 +56,7 @@ class Orchestrator:
             raise ValueError("dynamic sampling needs group_size >= 2: a group of one always has equal rewards")
         self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
         self.sampler = DynamicSampler(cfg.dynamic_sampling, cfg.groups_per_step)
-        self.metrics = OrchestratorMetrics()
+        self.metrics = OrchestratorMetrics(pause_reasons=lambda: self.pause_reasons)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
         """Open groups (accepted, not yet complete)."""

@@ -31,4 +31,4 @@ async def test_custom_env_registers_and_receives_groups(orchestrators, tmp_path,
     assert {r.task_id for r in records} <= {"w-1", "w-2", "w-3"}
     assert len(script.requests) == 6 and all(r["tools"][0]["function"]["name"] == "submit" for r in script.requests)
     metrics = orch.http.get("/metrics").text
-    assert 'asyncrl_orch_reward_sum{env="reverse-word"} 3.0' in metrics  # 6 right answers x bonus 0.5
+    assert 'asyncrl_orchestrator_reward_sum{env="reverse-word"} 3.0' in metrics  # 6 right answers x bonus 0.5
