@@ -205,3 +205,22 @@ def test_records_of_runs_before_one_record_shape_still_fold_into_one_env_table()
                                            "env/arithmetic/healthy_services": 1.0}),
                ("1500-0", "orchestrator", {"in_flight": 7.0, "groups_completed": 3.0})])
     assert view.orchestrator["in_flight"] == 7 and view.orchestrator["env/arithmetic/healthy_services"] == 1
+
+
+def test_a_run_dir_named_otherwise_than_its_run_finds_the_one_run_in_its_redis(tmp_path):
+    """run_dir=/data/exp3 with name=tiny_demo: the dir's name is not the run's (watch once read an empty
+    run of that name: every figure 0, in flight too)."""
+    redis = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        async def register() -> None:
+            store = Store.connect(redis.url, "actual-name")
+            await store.redis.hset(store.key("services"), mapping={"total_steps": "7", "mode": "sync"})
+            await store.close()
+        asyncio.run(register())
+        run_dir = tmp_path / "exp3"
+        run_dir.mkdir()
+        (run_dir / "redis.url").write_text(redis.url)
+        out = watch_once("--run-dir", str(run_dir), "--once")
+        assert out.returncode == 0 and "actual-name (sync mode)  step 0/7" in out.stdout, out.stdout + out.stderr
+    finally:
+        redis.stop()
