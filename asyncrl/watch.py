@@ -164,11 +164,13 @@ def render(view: RunView, run: str) -> Group:
     step, t, o = view.step, view.trainer, view.orchestrator
     total = max(view.total_steps, 1)
     head = Table.grid(expand=True)
-    head.add_row(f"[bold]{run}[/] ({view.mode} mode)  step {step}/{view.total_steps}  "
+    head.add_row(f"[bold]{run}[/] ({view.mode} mode)  step {step}/{view.total_steps or '?'}  "
                  f"elapsed {duration(view.elapsed_s())}  ETA {duration(view.eta_s())}")
     head.add_row(ProgressBar(total=total, completed=min(step, total)))
     reasons = view.pause_reasons()
-    if not o:
+    if not view.services:
+        head.add_row("[dim]starting: the launcher records the run once its services serve[/]")
+    elif not o:
         head.add_row("[dim]rollout: no orchestrator record yet[/]")
     elif reasons:
         head.add_row(f"[bold red]rollout paused[/]: new groups held back by {', '.join(reasons)}")
@@ -329,20 +331,25 @@ def _runs_near(run_dir: Path) -> str:
     return f" (run directories in {parent}: {', '.join(runs[:10])})" if runs else ""
 
 
+class NotStarted(Exception):
+    """The Redis holds no run yet: a run starting up (the first keys come as its components start)."""
+
+
 async def find_run(store: Store, wanted: Optional[str], run_dir: Optional[Path]) -> str:
     """The run's name: --run, else the run dir's name when that run is in this Redis, else the one run there."""
-    runs = sorted({key.decode().split(":")[1] async for key in store.redis.scan_iter(match="asyncrl:*:services")})
+    runs = sorted({key.decode().split(":")[1] async for key in store.redis.scan_iter(match="asyncrl:*:*")})
+    if not runs:
+        raise NotStarted()
     if wanted:
         if wanted not in runs:
             raise WatchError(f"no run named {wanted!r} in the Redis at {_url(store)} (runs there: "
-                             f"{', '.join(runs) or 'none'})")
+                             f"{', '.join(runs)})")
         return wanted
     if run_dir is not None and run_dir.name in runs:
         return run_dir.name
     if len(runs) == 1:
         return runs[0]
-    raise WatchError(f"{'several runs' if runs else 'no run'} in the Redis at {_url(store)}"
-                     f"{': ' + ', '.join(runs) if runs else ''}; name one with --run")
+    raise WatchError(f"several runs in the Redis at {_url(store)}: {', '.join(runs)}; name one with --run")
 
 
 def _url(store: Store) -> str:
@@ -364,7 +371,9 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
             await store.redis.ping()
         except RedisConnectionError:
             return await finished_without_redis(target, summary_file, console)
-        store.run = run = await find_run(store, target.run, target.run_dir)
+        store.run = run = await wait_for_run(store, target, interval_s, once, console)
+        if run is None:
+            return 0
         view = await refresh(store, RunView())
         file_summary = (Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE))
                         if summary_file is not None else None)
@@ -374,21 +383,43 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
         if once:
             console.print(render(view, run))
             return 0
-        source = "the run's metrics stream"
         try:
             with Live(render(view, run), console=console, refresh_per_second=4) as live:
                 while not view.finished:
                     await asyncio.sleep(interval_s)
                     live.update(render(await refresh(store, view), run))
-            summary_file = target.summary_file()
-        except RedisConnectionError:  # the run ended and its embedded Redis with it
-            summary_file, source = await _await_summary(target), "the run's metrics stream as last read"
+        except RedisConnectionError:  # the run ended and its embedded Redis with it, maybe before its last read
+            summary_file = await _await_summary(target)
+            fallback = Summary.of_view(view, run, "the run's metrics stream as last read")
+            data_dir = target.run_dir / "redis" if target.run_dir is not None else None
+            if summary_file is None and data_dir is not None and any(data_dir.glob("appendonly*")):
+                fallback = await replay(data_dir, run, target.run_dir) or fallback
+        else:
+            summary_file, fallback = target.summary_file(), Summary.of_view(view, run, "the run's metrics stream")
         console.print(render_summary(merge(
             Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE)) if summary_file else None,
-            Summary.of_view(view, run, source))))
+            fallback)))
         return 0
     finally:
         await store.close()
+
+
+async def wait_for_run(store: Store, target: Target, interval_s: float, once: bool, console: Console) -> Optional[str]:
+    """The run's name once its first component has written to Redis (None: --once, and none has yet)."""
+    waiting = f"[dim]waiting for the run to start: nothing of it in the Redis at {target.redis_url} yet[/]"
+    try:
+        return await find_run(store, target.run, target.run_dir)
+    except NotStarted:
+        if once:
+            console.print(waiting)
+            return None
+    with Live(waiting, console=console, refresh_per_second=4, transient=True):
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                return await find_run(store, target.run, target.run_dir)
+            except NotStarted:
+                pass
 
 
 def merge(primary: Optional[Summary], fallback: Summary) -> Summary:
@@ -434,7 +465,10 @@ async def replay(data_dir: Path, wanted: Optional[str], run_dir: Path) -> Option
         await asyncio.to_thread(server.start, 120.0)
         store = Store.connect(server.url, "", command_timeout_s=60)
         try:
-            store.run = run = await find_run(store, wanted, run_dir)
+            try:
+                store.run = run = await find_run(store, wanted, run_dir)
+            except NotStarted:
+                return None
             view = await refresh(store, RunView())
             return Summary.of_view(view, run, f"the run's Redis data in {data_dir} (replayed)")
         finally:

@@ -224,3 +224,47 @@ def test_a_run_dir_named_otherwise_than_its_run_finds_the_one_run_in_its_redis(t
         assert out.returncode == 0 and "actual-name (sync mode)  step 0/7" in out.stdout, out.stdout + out.stderr
     finally:
         redis.stop()
+
+
+def test_a_run_whose_redis_has_nothing_yet_is_waited_for(tmp_path):
+    """Started before the run's first write (its embedded Redis up, the services still starting)."""
+    redis = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        run_dir = tmp_path / "starting"
+        run_dir.mkdir()
+        (run_dir / "redis.url").write_text(redis.url)
+        out = watch_once("--run-dir", str(run_dir), "--once")
+        assert out.returncode == 0 and "waiting for the run to start" in out.stdout, out.stdout + out.stderr
+    finally:
+        redis.stop()
+
+
+async def test_the_dashboard_of_a_run_whose_redis_goes_away_ends_in_its_summary(tmp_path, run_name):
+    """A run that stops (or crashes) takes its embedded Redis with it: the live dashboard then shows the
+    summary from what the run dir keeps (its Redis data, replayed), not a traceback."""
+    run_dir = tmp_path / run_name
+    redis = EmbeddedRedis(run_dir / "redis").start()
+    (run_dir / "redis.url").write_text(redis.url)
+    store = Store.connect(redis.url, run_name)
+    await store.redis.hset(store.key("services"), mapping={"total_steps": "5", "mode": "sync",
+                                                           "started_at": str(time.time())})
+    await write_groups(store, policy_groups(Glm5ForCausalLM.from_config(load_model_section("tiny").arch, seed=0), 2))
+    trainer = Trainer(TrainerConfig(groups_per_step=2, staleness_tau=100, micro_batch_tokens=64),
+                      load_model_section("tiny"), redis.url, run_name, str(run_dir))
+    terminal = None
+    try:
+        reward = (await trainer.step())["reward_mean"]
+        terminal = Terminal([*WATCH, "--run-dir", str(run_dir), "--interval", "0.5"], ROOT, ENV)
+        terminal.wait_for(lambda s: re.search(r"step 1/5\s+elapsed", s), 60, "the dashboard at step 1")
+        await trainer.close()
+        await store.close()
+        redis.stop()
+        assert terminal.wait_exit(90) == 0, terminal.screen.text()
+        screen = terminal.screen.text()
+        assert re.search(rf"{run_name} stopped: 1/5 steps in \d+s", screen), screen
+        assert f"{reward:.3f} -> {reward:.3f}" in screen and "(replayed)" in screen.replace("\n", " ")
+        assert "Traceback" not in terminal.output
+    finally:
+        if terminal is not None:
+            terminal.close()
+        redis.stop()
