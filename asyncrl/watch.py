@@ -39,13 +39,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from asyncrl.run_metrics import envs_of
+from asyncrl.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
 from asyncrl.store import Store
-
-SUMMARY_FILE = "summary.json"
-"""Written into the run dir by the launcher at the end of a run: {name, steps, total_steps, wall_s,
-reward_first, reward_last, outcomes: {env: {outcome: count}}, final_weights, eval_command}."""
-REWARD_WINDOW = 10
-"""Steps averaged for the reward of the first and of the last window."""
 OUTCOME_CLASSES = ("model", "environment", "infrastructure", "cancelled")
 COMMAND_TIMEOUT_S = 10.0
 
@@ -144,12 +139,7 @@ async def refresh(store: Store, view: RunView) -> RunView:
 
 # Rendering --------------------------------------------------------------------------------------------
 def duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def _mean(values: list[float]) -> Optional[float]:
@@ -229,6 +219,8 @@ class Summary:
     outcomes: dict[str, dict[str, float]] = field(default_factory=dict)
     final_weights: Optional[str] = None
     eval_command: Optional[str] = None
+    reward_window: Optional[int] = None
+    """Steps in each reward window (the launcher's summary uses fewer than REWARD_WINDOW in a short run)."""
     source: str = ""
 
     @classmethod
@@ -237,15 +229,16 @@ class Summary:
         for env, values in envs_of(view.orchestrator).items():
             counts = {k[len("outcome_"):]: v for k, v in values.items() if k.startswith("outcome_") and "/" not in k}
             outcomes[env] = counts
+        window = min(REWARD_WINDOW, len(view.rewards)) or None
         return cls(name=run, steps=view.step if view.trainer else None, total_steps=view.total_steps or None,
                    wall_s=view.elapsed_s() if view.trainer_times else None,
                    reward_first=_mean(view.rewards[:REWARD_WINDOW]), reward_last=_mean(view.rewards[-REWARD_WINDOW:]),
-                   outcomes=outcomes, final_weights=view.weights, source=source)
+                   outcomes=outcomes, final_weights=view.weights, reward_window=window, source=source)
 
     @classmethod
     def of_file(cls, data: dict[str, Any], run: str, source: str) -> "Summary":
         fields = {k: data.get(k) for k in ("steps", "total_steps", "wall_s", "reward_first", "reward_last",
-                                           "final_weights", "eval_command")}
+                                           "final_weights", "eval_command", "reward_window")}
         outcomes = data.get("outcomes") if isinstance(data.get("outcomes"), dict) else {}
         return cls(name=str(data.get("name") or run), outcomes=outcomes, source=source, **fields)
 
@@ -268,7 +261,7 @@ def render_summary(s: Summary) -> Group:
     figures = Table(title="summary", show_header=False, expand=True)
     delta = (f" ({s.reward_last - s.reward_first:+.3f})" if s.reward_first is not None and s.reward_last is not None
              else "")
-    figures.add_row(f"reward, first / last {REWARD_WINDOW} steps",
+    figures.add_row(f"reward, first / last {s.reward_window or REWARD_WINDOW} steps",
                     f"{_num(s.reward_first)} -> {_num(s.reward_last)}{delta}")
     figures.add_row("final weights", s.final_weights or "-")
     if s.eval_command:
@@ -291,9 +284,14 @@ class Target:
     run: Optional[str]
     run_dir: Optional[Path]
 
-    def summary_file(self) -> Optional[dict[str, Any]]:
+    def summary_file(self, current_only: bool = False) -> Optional[dict[str, Any]]:
+        """<run_dir>/summary.json; with `current_only`, None when a launch began after it was written (the
+        launcher rewrites redis.url first thing at every start: a resumed run is running again)."""
         path = self.run_dir / SUMMARY_FILE if self.run_dir else None
         if path is None or not path.is_file():
+            return None
+        url_file = self.run_dir / "redis.url"
+        if current_only and url_file.is_file() and url_file.stat().st_mtime > path.stat().st_mtime:
             return None
         try:
             data = json.loads(path.read_text())
@@ -360,21 +358,21 @@ def _url(store: Store) -> str:
 # The command ------------------------------------------------------------------------------------------
 async def watch(target: Target, interval_s: float, once: bool, console: Optional[Console] = None) -> int:
     console = console or Console()
-    summary_file = target.summary_file()
     if target.redis_url is None:  # a run dir with a summary only
         path = str(target.run_dir / SUMMARY_FILE)
-        console.print(render_summary(Summary.of_file(summary_file, target.run_dir.name, path)))
+        console.print(render_summary(Summary.of_file(target.summary_file(), target.run_dir.name, path)))
         return 0
     store = Store.connect(target.redis_url, target.run or "", command_timeout_s=COMMAND_TIMEOUT_S)
     try:
         try:
             await store.redis.ping()
         except RedisConnectionError:
-            return await finished_without_redis(target, summary_file, console)
+            return await finished_without_redis(target, console)
         store.run = run = await wait_for_run(store, target, interval_s, once, console)
         if run is None:
             return 0
         view = await refresh(store, RunView())
+        summary_file = target.summary_file(current_only=True)
         file_summary = (Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE))
                         if summary_file is not None else None)
         if view.finished or (file_summary is not None and (file_summary.steps or 0) >= view.step):
@@ -395,7 +393,8 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
             if summary_file is None and data_dir is not None and any(data_dir.glob("appendonly*")):
                 fallback = await replay(data_dir, run, target.run_dir) or fallback
         else:
-            summary_file, fallback = target.summary_file(), Summary.of_view(view, run, "the run's metrics stream")
+            summary_file = target.summary_file(current_only=True)
+            fallback = Summary.of_view(view, run, "the run's metrics stream")
         console.print(render_summary(merge(
             Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE)) if summary_file else None,
             fallback)))
@@ -430,21 +429,26 @@ async def _await_summary(target: Target, timeout_s: float = 10.0) -> Optional[di
     """The launcher writes summary.json as the run ends, about when its Redis stops: give it a moment."""
     deadline = time.monotonic() + timeout_s
     while target.run_dir is not None and time.monotonic() < deadline:
-        data = target.summary_file()
+        data = target.summary_file(current_only=True)
         if data is not None:
             return data
         await asyncio.sleep(0.5)
     return None
 
 
-async def finished_without_redis(target: Target, summary_file: Optional[dict[str, Any]], console: Console) -> int:
-    """The run's Redis is gone: the summary from what the run dir keeps (summary.json, else its Redis data)."""
+async def finished_without_redis(target: Target, console: Console) -> int:
+    """The run's Redis is gone: the summary from what the run dir keeps: its summary.json, else a replay of
+    its Redis data, else a summary.json from before the last launch (a resumed run that stopped early)."""
     name = target.run or (target.run_dir.name if target.run_dir else "?")
-    summary = (Summary.of_file(summary_file, name, str(target.run_dir / SUMMARY_FILE))
-               if summary_file is not None else None)
+    path = str(target.run_dir / SUMMARY_FILE) if target.run_dir else ""
+    current = target.summary_file(current_only=True)
+    summary = Summary.of_file(current, name, path) if current is not None else None
     data_dir = target.run_dir / "redis" if target.run_dir else None
     if summary is None and data_dir is not None and any(data_dir.glob("appendonly*")):
         summary = await replay(data_dir, target.run, target.run_dir)
+    older = target.summary_file() if summary is None else None
+    if older is not None:
+        summary = Summary.of_file(older, name, f"{path}, written before the last launch of the run")
     if summary is None:
         hint = f" and {target.run_dir} keeps no {SUMMARY_FILE} nor Redis data" if target.run_dir else ""
         print(f"asyncrl watch: cannot reach the run's Redis at {target.redis_url} (has the run ended?){hint}",

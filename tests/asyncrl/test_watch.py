@@ -22,6 +22,7 @@ import torch
 from asyncrl.config import TrainerConfig, WeightPushConfig, load_model_section
 from asyncrl.model.model import Glm5ForCausalLM
 from asyncrl.redis_server import EmbeddedRedis
+from asyncrl.run_summary import summarize
 from asyncrl.store import Store
 from tests.asyncrl.terminal import Terminal
 from tests.orchestrator.conftest import Orchestrator, start_envs
@@ -112,6 +113,10 @@ async def test_the_dashboard_of_a_running_then_finished_run(tmp_path, run_name):
         assert f"{mean:.3f} -> {mean:.3f} (+0.000)" in summary
         assert re.search(rf"timed\s*│\s*{completed}\b", summary), summary  # model outcomes of env timed
         assert "final weights" in summary and "v3" in summary
+        # What the launcher does as the run ends: the final HF weights, its last status, then summary.json
+        await trainer.export_final()
+        trainer_records = [v for _, source, v in await store.read_metrics(count=100_000) if source == "trainer"]
+        final_status = orch.status()
     finally:
         if terminal is not None:
             terminal.close()
@@ -129,17 +134,24 @@ async def test_the_dashboard_of_a_running_then_finished_run(tmp_path, run_name):
     assert re.search(rf"{run_name} finished: 3/3 steps", after.stdout) and "replayed" in after.stdout, after.stdout
     assert re.search(rf"timed\s*│\s*{completed}\b", after.stdout), after.stdout
 
-    # With the launcher's summary.json, that is what it shows (no replay).
-    (run_dir / "summary.json").write_text(json.dumps({
-        "name": run_name, "steps": 3, "total_steps": 3, "wall_s": 754.0, "reward_first": 0.25, "reward_last": 0.5,
-        "outcomes": {"timed": {"model": completed, "infrastructure": 1}}, "final_weights": str(run_dir / "weights"),
-        "eval_command": f"asyncrl eval --run-dir {run_dir}"}))
+    # With the launcher's summary.json (written after its Redis stopped), that is what it shows (no replay).
+    summarize(run_name, run_dir, 3, 754.0, trainer_records, final_status, "tiny_demo").write(run_dir)
     filed = watch_once("--run-dir", str(run_dir))
     assert filed.returncode == 0, filed.stderr
     assert re.search(rf"{run_name} finished: 3/3 steps in 12m34s", filed.stdout), filed.stdout
-    assert "0.250 -> 0.500 (+0.250)" in filed.stdout and "replayed" not in filed.stdout
-    assert re.search(rf"timed\s*│\s*{completed}\s*│\s*1\s*│", filed.stdout), filed.stdout
-    assert "evaluate with" in filed.stdout and "asyncrl eval --run-dir" in filed.stdout
+    window = json.loads((run_dir / "summary.json").read_text())["reward_window"]  # 1: under 2 windows of steps
+    first, last = rewards[0], rewards[-1]
+    assert f"first / last {window} steps" in filed.stdout and f"{first:.3f} -> {last:.3f}" in filed.stdout
+    assert "replayed" not in filed.stdout and "summary.json" in filed.stdout
+    assert re.search(rf"timed\s*│\s*{final_status['by_env']['timed']['completed']}\s*│", filed.stdout), filed.stdout
+    assert "evaluate with" in filed.stdout and "asyncrl eval experiment=tiny_demo" in filed.stdout
+    assert str(run_dir / "final") in filed.stdout  # the final HF weights the trainer exported
+
+    # A later launch of the same run dir (a resume rewrites redis.url first): that summary is not current.
+    time.sleep(0.05)
+    (run_dir / "redis.url").write_text("redis://127.0.0.1:1/0")
+    stale = watch_once("--run-dir", str(run_dir))
+    assert stale.returncode == 0 and "replayed" in stale.stdout, stale.stdout + stale.stderr
 
 
 def test_a_wrong_run_dir_is_one_line_and_exit_2(tmp_path):

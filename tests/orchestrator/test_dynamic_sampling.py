@@ -360,7 +360,7 @@ async def test_the_trainer_reads_only_groups_with_reward_variance_and_no_sample_
         kept = {ref for r in records for ref in r.sample_refs}
         left = {i.decode() for i, _ in await store.redis.xrange(store.key("samples"))}
         assert left == kept and len(kept) == group_size * rest["groups_completed"]
-        written = metric(httpx.get(f"{gateway.url}/metrics").text, "gateway_samples_written_total")
+        written = metric(httpx.get(f"{gateway.url}/metrics").text, "asyncrl_gateway_samples_written_total")
         assert written == group_size * (rest["groups_completed"] + rest["groups_filtered"])  # and deleted since
         unreported = int(await store.redis.hget(store.key("orch:meta"), "filtered_unreported") or 0)
         assert sum(r.filtered_before for r in records) + unreported == rest["groups_filtered"]
