@@ -224,16 +224,22 @@ class Summary:
     source: str = ""
 
     @classmethod
-    def of_view(cls, view: RunView, run: str, source: str) -> "Summary":
+    def of_view(cls, view: RunView, run: str, source: str, run_dir: Optional[Path] = None) -> "Summary":
+        """The summary of what the stream holds, by the launcher's rules (asyncrl/run_summary.py): reward
+        windows of REWARD_WINDOW steps, fewer when the run has under two; the final weights are the HF
+        export at <run_dir>/final once the trainer wrote it, else the last pushed snapshot."""
         outcomes = {}
         for env, values in envs_of(view.orchestrator).items():
             counts = {k[len("outcome_"):]: v for k, v in values.items() if k.startswith("outcome_") and "/" not in k}
             outcomes[env] = counts
-        window = min(REWARD_WINDOW, len(view.rewards)) or None
+        window = max(1, min(REWARD_WINDOW, len(view.rewards) // 2))
+        final = run_dir / "final" if run_dir is not None else None
+        weights = str(final) if final is not None and (final / "config.json").exists() else view.weights
         return cls(name=run, steps=view.step if view.trainer else None, total_steps=view.total_steps or None,
                    wall_s=view.elapsed_s() if view.trainer_times else None,
-                   reward_first=_mean(view.rewards[:REWARD_WINDOW]), reward_last=_mean(view.rewards[-REWARD_WINDOW:]),
-                   outcomes=outcomes, final_weights=view.weights, reward_window=window, source=source)
+                   reward_first=_mean(view.rewards[:window]), reward_last=_mean(view.rewards[-window:]),
+                   outcomes=outcomes, final_weights=weights, reward_window=window if view.rewards else None,
+                   source=source)
 
     @classmethod
     def of_file(cls, data: dict[str, Any], run: str, source: str) -> "Summary":
@@ -376,7 +382,8 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
         file_summary = (Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE))
                         if summary_file is not None else None)
         if view.finished or (file_summary is not None and (file_summary.steps or 0) >= view.step):
-            console.print(render_summary(merge(file_summary, Summary.of_view(view, run, "the run's metrics stream"))))
+            console.print(render_summary(merge(file_summary, Summary.of_view(view, run, "the run's metrics stream",
+                                                                                target.run_dir))))
             return 0
         if once:
             console.print(render(view, run))
@@ -388,13 +395,13 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
                     live.update(render(await refresh(store, view), run))
         except RedisConnectionError:  # the run ended and its embedded Redis with it, maybe before its last read
             summary_file = await _await_summary(target)
-            fallback = Summary.of_view(view, run, "the run's metrics stream as last read")
+            fallback = Summary.of_view(view, run, "the run's metrics stream as last read", target.run_dir)
             data_dir = target.run_dir / "redis" if target.run_dir is not None else None
             if summary_file is None and data_dir is not None and any(data_dir.glob("appendonly*")):
                 fallback = await replay(data_dir, run, target.run_dir) or fallback
         else:
             summary_file = target.summary_file(current_only=True)
-            fallback = Summary.of_view(view, run, "the run's metrics stream")
+            fallback = Summary.of_view(view, run, "the run's metrics stream", target.run_dir)
         console.print(render_summary(merge(
             Summary.of_file(summary_file, run, str(target.run_dir / SUMMARY_FILE)) if summary_file else None,
             fallback)))
@@ -474,7 +481,7 @@ async def replay(data_dir: Path, wanted: Optional[str], run_dir: Path) -> Option
             except NotStarted:
                 return None
             view = await refresh(store, RunView())
-            return Summary.of_view(view, run, f"the run's Redis data in {data_dir} (replayed)")
+            return Summary.of_view(view, run, f"the run's Redis data in {data_dir} (replayed)", run_dir)
         finally:
             await store.close()
             await asyncio.to_thread(server.stop)
