@@ -409,6 +409,11 @@ class TrainerConfig:
     """For about how long a Redis command that failed (connection lost, 30 s without an answer) is sent
     again before the trainer gives up and the run fails: a Redis restart or stall in between is ridden
     out. 0: the first failure ends the run."""
+    metrics_host: str = "127.0.0.1"
+    """Where the trainer's Prometheus /metrics and /health bind (0.0.0.0: every interface, advertised
+    by the node's IP); the URL is in the run's `services` hash as `trainer_metrics`."""
+    metrics_port: Optional[int] = 0
+    """0: a free port; None: no endpoint."""
     loss: LossConfig = field(default_factory=LossConfig)
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

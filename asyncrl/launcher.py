@@ -213,6 +213,7 @@ class Job:
         self.collector: Optional[Collector] = None
         self.resumed_from = 0
         self.started_at = time.time()
+        """Unix time the launch began (also the `services` hash's started_at: `asyncrl watch`'s elapsed time)."""
         self.training_started = time.monotonic()
 
     # Start ----------------------------------------------------------------------------------------
@@ -233,7 +234,7 @@ class Job:
         self._start_training()
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
-            "mode": cfg.mode}))
+            "mode": cfg.mode, "started_at": str(self.started_at)}))
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard",
                                    headers=_bearer(cfg.orchestrator.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "

@@ -56,7 +56,7 @@ class Orchestrator:
             raise ValueError("dynamic sampling needs group_size >= 2: a group of one always has equal rewards")
         self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
         self.sampler = DynamicSampler(cfg.dynamic_sampling, cfg.groups_per_step)
-        self.metrics = OrchestratorMetrics()
+        self.metrics = OrchestratorMetrics(pause_reasons=lambda: self.pause_reasons)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
         """Open groups (accepted, not yet complete)."""
@@ -70,6 +70,9 @@ class Orchestrator:
         """env_id -> episode_id -> the attempt running at that service."""
         self.settling = 0
         """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
+        self.in_flight_by_env: dict[str, int] = {}
+        """Attempts running per env, at its removed services that still drain included (their services
+        left the env's queue, so a sum over the queue said 0 while the total said 9)."""
         self._wake = asyncio.Event()
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
@@ -166,6 +169,7 @@ class Orchestrator:
         episode_id = group.episode_id(member)
         service.in_flight += 1
         self.scheduler.in_flight += 1
+        self.in_flight_by_env[q.name] = self.in_flight_by_env.get(q.name, 0) + 1
         self.scheduler.charge(q, 1, now)
         self.metrics.in_flight.labels(q.name).inc()
         task = asyncio.create_task(self._attempt(group, member, service, episode_id), name=episode_id)
@@ -178,6 +182,7 @@ class Orchestrator:
             return False
         service.in_flight -= 1
         self.scheduler.in_flight -= 1
+        self.in_flight_by_env[service.name] -= 1
         self.metrics.in_flight.labels(service.name).dec()
         self.wake()
         return True
@@ -404,7 +409,7 @@ class Orchestrator:
         by_env = {}
         for name, q in self.scheduler.queues.items():
             c = self.counters.by_env[name]
-            by_env[name] = EnvStatus(in_flight=sum(s.in_flight for s in q.services.values()), queued=len(q.pending),
+            by_env[name] = EnvStatus(in_flight=self.in_flight_by_env.get(name, 0), queued=len(q.pending),
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
                                      groups_filtered=c["filtered"], groups_passed=c["passed"],
                                      groups_unusable=c["unusable"],

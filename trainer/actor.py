@@ -31,9 +31,13 @@ from trainer.atomic_dir import write_atomically
 from trainer.backends.base import TrainerBackend, make_backend
 from trainer.checkpoint import CheckpointManager
 from trainer.data import GroupLoader, StepBatch
+from trainer.metrics import TrainerMetrics, serve_metrics
 from trainer.weight_push import PushReport, WeightSync
 
 log = logging.getLogger("trainer")
+
+METRICS_KEY = "trainer_metrics"
+"""The `services` hash field holding the trainer's metrics URL."""
 
 CONSUMER = "trainer-0"
 """The loader's consumer name: the same after a restart, so the restarted trainer gets its own
@@ -63,6 +67,12 @@ class Trainer:
         """Trained batches whose groups wait for the next checkpoint to be acknowledged."""
         self.stopping = asyncio.Event()
         self._synced = False
+        self.prometheus = TrainerMetrics(lambda: self.state.step, lambda: self.state.weight_version)
+        """Updated after every step (trainer/loop.py); served at `metrics_url`/metrics."""
+        self.metrics_server = serve_metrics(self.prometheus, lambda: {"step": self.state.step,
+                                                                      "weight_version": self.state.weight_version},
+                                            cfg.metrics_host, cfg.metrics_port)
+        self.metrics_url = self.metrics_server.url if self.metrics_server else None
 
     # The loop (trainer/loop.py) ----------------------------------------------------------------------
     async def run(self, total_steps: int) -> None:
@@ -88,11 +98,17 @@ class Trainer:
         if self._synced:
             return
         self._synced = True
+        await self.announce()
         served = (await self.store.weights()).served_version
         if served != self.state.weight_version:
             log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", served,
                      self.state.weight_version)
             await self.push_weights(max(served, self.state.weight_version) + 1, reset_optimizer=False)
+
+    async def announce(self) -> None:
+        """Record where this trainer's /metrics is (`services` hash, key `trainer_metrics`)."""
+        if self.metrics_url:
+            await self.store.redis.hset(self.store.key("services"), METRICS_KEY, self.metrics_url)
 
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
         report = await self.weights.push(self.backend, version)
@@ -124,6 +140,15 @@ class Trainer:
         return self.restored_step
 
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+            try:  # unless a newer trainer has recorded its own URL meanwhile
+                key = self.store.key("services")
+                if await self.store.redis.hget(key, METRICS_KEY) == self.metrics_url.encode():
+                    await self.store.redis.hdel(key, METRICS_KEY)
+            except Exception as err:  # noqa: BLE001 - closing goes on without Redis
+                log.warning("could not remove the trainer's metrics URL from Redis: %r", err)
         await self.weights.close()
         self.backend.close()
         await self.store.close()

@@ -32,4 +32,4 @@ async def test_custom_env_registers_and_receives_groups(orchestrators, tmp_path,
     assert len(script.requests) == 6
     assert all("submit" in [t["function"]["name"] for t in r["tools"]] for r in script.requests)
     metrics = orch.http.get("/metrics").text
-    assert 'asyncrl_orch_reward_sum{env="reverse-word"} 3.0' in metrics  # 6 right answers x bonus 0.5
+    assert 'asyncrl_orchestrator_reward_sum{env="reverse-word"} 3.0' in metrics  # 6 right answers x bonus 0.5

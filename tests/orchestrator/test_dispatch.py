@@ -36,8 +36,8 @@ async def test_groups_are_dispatched_together_and_recorded_once(orchestrators, e
         assert len({m["seed"] for m in members}) == 4  # one task, four different episode seeds
     assert len({e["pid"] for e in starts_by_episode(journal(journal_dir, run_name)).values()}) == 2
     metrics = orch.http.get("/metrics").text
-    assert 'asyncrl_orch_episodes_total{env="timed",status="completed"} 24.0' in metrics
-    assert 'asyncrl_orch_groups_completed_total{env="timed"} 6.0' in metrics
+    assert 'asyncrl_orchestrator_episodes_total{env="timed",status="completed"} 24.0' in metrics
+    assert 'asyncrl_orchestrator_groups_completed_total{env="timed"} 6.0' in metrics
 
 
 async def test_task_order_follows_the_seed(orchestrators, env_pool, redis_server, run_name):

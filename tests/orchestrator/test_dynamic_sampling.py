@@ -259,8 +259,8 @@ async def test_on_only_groups_with_reward_variance_are_appended_and_counted(orch
     assert status["groups_filtered"] == status["by_env"]["timed"]["groups_filtered"] == expected_filtered > 0
     assert status["groups_completed"] == 12 - expected_filtered and status["groups_passed"] == 0 == status["failed"]
     metrics = orch.http.get("/metrics").text
-    assert metric(metrics, "asyncrl_orch_groups_filtered_total", env="timed") == expected_filtered
-    assert metric(metrics, "asyncrl_orch_filtered_fraction") == pytest.approx(expected_filtered / 12)
+    assert metric(metrics, "asyncrl_orchestrator_groups_filtered_total", env="timed") == expected_filtered
+    assert metric(metrics, "asyncrl_orchestrator_filtered_fraction") == pytest.approx(expected_filtered / 12)
     store = Store.connect(redis_server.url, run_name)
     try:  # the records carry the filtered groups before them; the rest waits in orch:meta for the next one
         unreported = int(await store.redis.hget(store.key("orch:meta"), "filtered_unreported") or 0)
@@ -360,12 +360,12 @@ async def test_the_trainer_reads_only_groups_with_reward_variance_and_no_sample_
         kept = {ref for r in records for ref in r.sample_refs}
         left = {i.decode() for i, _ in await store.redis.xrange(store.key("samples"))}
         assert left == kept and len(kept) == group_size * rest["groups_completed"]
-        written = metric(httpx.get(f"{gateway.url}/metrics").text, "gateway_samples_written_total")
+        written = metric(httpx.get(f"{gateway.url}/metrics").text, "asyncrl_gateway_samples_written_total")
         assert written == group_size * (rest["groups_completed"] + rest["groups_filtered"])  # and deleted since
         unreported = int(await store.redis.hget(store.key("orch:meta"), "filtered_unreported") or 0)
         assert sum(r.filtered_before for r in records) + unreported == rest["groups_filtered"]
         assert 0 < filtered_in_steps <= rest["groups_filtered"]
-        assert metric(orch.http.get("/metrics").text, "asyncrl_orch_groups_filtered_total", env="timed") \
+        assert metric(orch.http.get("/metrics").text, "asyncrl_orchestrator_groups_filtered_total", env="timed") \
             == rest["groups_filtered"]
     finally:
         await store.close()
