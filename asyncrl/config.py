@@ -161,6 +161,28 @@ class GatewayConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO-style dynamic sampling (slime's --dynamic-sampling-filter-path check_reward_nonzero_std, verl's
+    algorithm.filter_groups): a complete group whose usable members' rewards are all equal carries no
+    signal (its advantages are all 0), so the orchestrator does not append it to the `groups` stream; it
+    deletes its samples and starts another group in its place, so every step the trainer reads is filled
+    with groups that have reward variance. docs/orchestrator.md "Dynamic sampling" has the rules and why
+    they neither deadlock nor break the staleness bound."""
+
+    enabled: bool = False
+    std_tol: float = 0.0
+    """A group is uninformative when the population std of its done members' rewards is <= std_tol
+    (0: exactly equal rewards, as DAPO, slime and verl filter)."""
+    max_filtered_batches: int = 10
+    """Guard for rewards that never vary (a task too hard or too easy for the model, a broken reward):
+    once max_filtered_batches x groups_per_step groups in a row were filtered (no informative group
+    delivered in between), uninformative groups are delivered anyway (counted as passed) until the next
+    informative one, so the run keeps stepping and ends instead of generating forever; a warning says so.
+    As verl's max_num_gen_batches (the DAPO recipe uses 10), which raises instead. 0: never pass (filter
+    forever; the warnings and the filtered fraction still show it)."""
+
+
+@dataclass
 class OrchestratorConfig:
     host: str = "127.0.0.1"
     port: int = 0
@@ -195,6 +217,12 @@ class OrchestratorConfig:
     """Sent to envs as deadline_s; the orchestrator gives up on the request `request_grace_s` later."""
     request_grace_s: float = 30.0
     max_turns: int = 20
+    max_turns_by_env: dict[str, int] = field(default_factory=dict)
+    """max_turns of one env's episodes, by env name or domain (the name's entry first); missing = max_turns.
+    The launcher fills it from envs.services.<name>.max_turns."""
+    episode_timeout_s_by_env: dict[str, float] = field(default_factory=dict)
+    """episode_timeout_s (deadline_s) of one env's episodes, by env name or domain; missing = episode_timeout_s.
+    The launcher fills it from envs.services.<name>.episode_timeout_s."""
     domain_weights: dict[str, float] = field(default_factory=dict)
     """Dispatch ratios by env name or domain, e.g. {swe: 2, terminal: 1, search: 1}; a domain's weight is
     shared by its envs (in proportion to their registered weights); missing = env's registered weight."""
@@ -205,9 +233,14 @@ class OrchestratorConfig:
     reach this many (0 = off). Keep it above max_in_flight / group_size, or it caps the groups in flight."""
     staleness_limit: Optional[int] = None
     """Backpressure: start group n only while n < (weight_version + staleness_limit + 1) * groups_per_step,
-    so no group is generated more than this many weight versions ahead of the trainer (None = off)."""
+    so no group is generated more than this many weight versions ahead of the trainer (None = off). With
+    dynamic_sampling, n counts only groups that reach the trainer usable (filtered ones and ones its group
+    rule drops are not counted), so filtered groups never use up the budget."""
     groups_per_step: int = 4
-    """Groups the trainer consumes per optimizer step (used by staleness_limit)."""
+    """Groups the trainer consumes per weight version (used by staleness_limit and dynamic_sampling; the
+    launcher passes trainer.groups_per_step x weight_push.every_k_steps)."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """Filter groups with equal rewards before the trainer sees them (off by default)."""
     backpressure_interval_s: float = 1.0
     """The longest wait between reads of the trainer-side signals (unconsumed groups, weight version);
     they are read at once whenever the trainer reports progress (docs/orchestrator.md "Backpressure")."""
@@ -219,10 +252,13 @@ class OrchestratorConfig:
 
 @dataclass
 class EnvServiceConfig:
-    name: str = MISSING
+    name: Optional[str] = None
+    """The env's name at the orchestrator (its replicas share it); None = its key in envs.services."""
     target: str = MISSING
-    """Dotted path of the env class (e.g. envs.tasks.ArithmeticEnv) served by the SDK app."""
-    domain: str = ""
+    """The env class served by the SDK app: a dotted path (envs.tasks.ArithmeticEnv, my_pkg.MyEnv: importable
+    from the run's working directory or $PYTHONPATH) or path/to/file.py:Class (relative to that directory)."""
+    domain: Optional[str] = None
+    """None = the env class's `domain`, else the name (the service fills it in when it registers)."""
     num_replicas: int = 1
     capacity: int = 64
     weight: float = 1.0
@@ -231,6 +267,16 @@ class EnvServiceConfig:
     sandbox: str = "namespace"
     """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
+    max_turns: Optional[int] = None
+    """Model calls an episode of this env may make (EpisodeContext.max_turns); None = orchestrator.max_turns."""
+    episode_timeout_s: Optional[float] = None
+    """Deadline of this env's episodes (EpisodeContext.deadline_s); None = orchestrator.episode_timeout_s."""
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
+            raise ValueError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
 
     @property
     def serve_args(self) -> list[str]:
@@ -242,7 +288,35 @@ class EnvServiceConfig:
 
 @dataclass
 class EnvsConfig:
-    services: list[EnvServiceConfig] = field(default_factory=list)
+    services: dict[str, Any] = field(default_factory=dict)
+    """The run's env services by name, each an EnvServiceConfig: `+envs.services.myenv={target: my_pkg.MyEnv}`
+    adds one to those of the config, `envs.services.arithmetic.max_turns=5` sets a field of one,
+    `~envs.services.arithmetic` drops one (docs/envs.md "Adding an env to a run").
+
+    Typed `Any` and open (not in Hydra's struct mode, see register_configs) because OmegaConf 2.3 cannot
+    add a `{...}` override to a dict of dataclasses ("dict is not a subclass of EnvServiceConfig"); each
+    entry is validated against EnvServiceConfig here instead, when the run's config is resolved
+    (to_dataclass), and a misspelt field fails there naming it (`envs.services.myenv.capacitty`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.services, dict):
+            raise ValueError(f"envs.services must map env names to their settings ({{arithmetic: {{target: ...}}, "
+                             f"...}}), got {type(self.services).__name__}")
+        self.services = {key: _env_service(str(key), value) for key, value in self.services.items()}
+
+
+def _env_service(key: str, value: Any) -> EnvServiceConfig:
+    if isinstance(value, EnvServiceConfig):
+        service = value
+    else:
+        try:
+            service = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvServiceConfig), value or {}))
+        except Exception as err:  # OmegaConf's errors name the field relative to the entry
+            message = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+            field_key = getattr(err, "full_key", None)
+            raise ValueError(f"envs.services.{key}{'.' + field_key if field_key else ''}: {message}") from err
+    service.name = service.name or key
+    return service
 
 
 @dataclass
@@ -335,6 +409,11 @@ class TrainerConfig:
     """For about how long a Redis command that failed (connection lost, 30 s without an answer) is sent
     again before the trainer gives up and the run fails: a Redis restart or stall in between is ridden
     out. 0: the first failure ends the run."""
+    metrics_host: str = "127.0.0.1"
+    """Where the trainer's Prometheus /metrics and /health bind (0.0.0.0: every interface, advertised
+    by the node's IP); the URL is in the run's `services` hash as `trainer_metrics`."""
+    metrics_port: Optional[int] = 0
+    """0: a free port; None: no endpoint."""
     loss: LossConfig = field(default_factory=LossConfig)
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -385,7 +464,13 @@ class ResourcesConfig:
 class RunConfig:
     name: str = "asyncrl"
     run_dir: Optional[str] = None
-    """Where the run writes (Redis AOF, checkpoints, TensorBoard, logs); None = runs/<name>."""
+    """Where the run writes (Redis AOF, checkpoints, final weights, TensorBoard, logs, summary.json);
+    None = runs/<name>. Relative to the working directory, except under `ray job submit` (whose working
+    directory is Ray's temporary copy of the package): there under $ASYNCRL_HOME (default ~/asyncrl)."""
+    resume: bool = True
+    """A run dir that holds a previous run is resumed (from its newest checkpoint, with its Redis state).
+    false: the old files are moved to <run_dir>.<timestamp> (and the run's keys in an external Redis
+    deleted), and the run starts afresh."""
     seed: int = 0
     mode: str = "async"
     """`async`: rollout never waits for training. `sync`: generate a batch, train, push (baseline)."""
@@ -412,9 +497,12 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    run, envs = OmegaConf.structured(RunConfig), OmegaConf.structured(EnvsConfig)
+    for services in (run.envs.services, envs.services):  # new env names and fields may be added (EnvsConfig)
+        OmegaConf.set_struct(services, False)
+    cs.store(name="run_schema", node=run)
     for group, node in [("model", ModelSection), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
-                        ("envs", EnvsConfig)]:
+                        ("envs", envs)]:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 

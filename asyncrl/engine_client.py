@@ -174,13 +174,14 @@ class EngineClient:
         return [GenerateResponse.model_validate(o) for o in (out if isinstance(out, list) else [out])]
 
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any], *,
-                              rid: Optional[str] = None, return_logprob: bool = True,
+                              rid: Optional[str] = None, return_logprob: bool = True, top_logprobs_num: int = 0,
                               return_routed_experts: bool = False) -> AsyncIterator[GenerateResponse]:
         """Cumulative snapshots until the request finishes, whichever streaming mode the engine runs
         (SGLang's default cumulative events, or --incremental-streaming-output deltas). Routed experts,
         if asked, come with the last snapshot only."""
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
                 "stream": True, **({"rid": rid} if rid else {}),
+                **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}),
                 **({"return_routed_experts": True} if return_routed_experts else {})}
         async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
                                        headers={"content-type": "application/json"}) as response:

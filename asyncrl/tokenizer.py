@@ -79,6 +79,39 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`): exact for byte-level BPE, where a token
+        may hold part of a UTF-8 character and decode([id]) is then only '\ufffd'; else its decoded text."""
+        if self._byte_level and token_id not in self._added:
+            piece = self._backend.id_to_token(token_id)
+            if piece is not None and all(ch in _UNICODE_TO_BYTE for ch in piece):
+                return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
+        return self.decode([token_id]).encode()
+
+    @property
+    def _byte_level(self) -> bool:
+        return type(self._backend.decoder).__name__ == "ByteLevel"
+
+    @property
+    def _added(self) -> dict:
+        return self._backend.get_added_tokens_decoder()
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte -> printable character table of byte-level BPE, inverted (character -> byte)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
+
 
 def load_tokenizer(spec: str | Path) -> Tokenizer:
     """`builtin:tiny`, a tokenizer.json path, or a directory holding tokenizer.json."""

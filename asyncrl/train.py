@@ -6,6 +6,8 @@ The config is validated against asyncrl.config.RunConfig before anything starts.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import hydra
@@ -22,9 +24,18 @@ def main(cfg: DictConfig) -> None:
         run_cfg: RunConfig = to_dataclass(cfg)
     except ValueError as err:  # e.g. ModelConfig consistency checks, which name the field
         sys.exit(f"asyncrl: invalid config: {err}")
+    from hydra.core.hydra_config import HydraConfig
+
     from asyncrl.launcher import run  # heavy imports only once the config is valid
 
-    sys.exit(run(run_cfg))
+    code = run(run_cfg, experiment=HydraConfig.get().runtime.choices.get("experiment"))
+    # Everything the run started is stopped and its files are flushed by now. Skip the interpreter's
+    # finalization: after a Ctrl-C that interrupted a Ray call, Ray's C++ core worker holds the exit for
+    # ~10 s in its destructors (no Python frame left).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

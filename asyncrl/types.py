@@ -147,6 +147,9 @@ class GroupRecord:
     sample_refs: list[str]
     group_size: int
     created_at: float = 0.0
+    filtered_before: int = 0
+    """Groups the orchestrator's dynamic sampling filtered (equal rewards, never appended) since the
+    record before this one: summed over a step's groups, the uninformative groups it took to fill it."""
 
     def encode(self) -> dict[str, bytes]:
         return {"group_id": self.group_id, "v": str(SCHEMA_VERSION),

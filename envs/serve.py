@@ -1,9 +1,14 @@
 """Serve an environment: `python -m envs.serve --env envs.tasks.ArithmeticEnv --port 0 [--orchestrator URL]`.
 
+`--env` names the class as `package.module.Class` (or `package.module:Class`), imported from the
+current directory, $PYTHONPATH and each `--env-path DIR`; or as `path/to/file.py:Class`, a file
+loaded directly (its directory goes on sys.path, so its sibling modules import too).
+
 Prints `listening on http://HOST:PORT` once the service accepts episodes (and writes the URL to
 --url-file), registers with the orchestrator when one is given, and shuts down cleanly on SIGTERM:
-deregister, finish or abort running episodes, exit 0. Exit status 2: the sandbox the env needs is
-not available here (see docs/envs.md, "unsafe local mode").
+deregister, finish or abort running episodes, exit 0. Exit status 1: the env class cannot be
+loaded; 2: the sandbox the env needs is not available here (see docs/envs.md, "unsafe local mode");
+3: the orchestrator stayed unreachable for --orchestrator-gone-s.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -18,12 +24,18 @@ import signal
 import sys
 from pathlib import Path
 
+from envs.sdk.registration import DEFAULT_GONE_AFTER_S
+
 TOKEN_ENV = "ASYNCRL_ORCHESTRATOR_TOKEN"
+EXIT_ORCHESTRATOR_GONE = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m envs.serve", description=__doc__.split("\n")[0])
-    p.add_argument("--env", required=True, help="module.Class (or module:Class) of an envs.sdk.Environment")
+    p.add_argument("--env", required=True, help="the envs.sdk.Environment class: package.module.Class, "
+                                                "package.module:Class or path/to/file.py:Class")
+    p.add_argument("--env-path", action="append", default=[], metavar="DIR",
+                   help="a directory to import --env's module from (before $PYTHONPATH; repeatable)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the env class; VALUE is parsed as JSON when it can be")
     p.add_argument("--name", help="service name (default: the env's)")
@@ -37,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--orchestrator", help="orchestrator base URL to self-register and heartbeat with")
     p.add_argument("--orchestrator-token", default=os.environ.get(TOKEN_ENV),
                    help=f"bearer token for the orchestrator (default: ${TOKEN_ENV})")
+    p.add_argument("--orchestrator-gone-s", type=float, default=DEFAULT_GONE_AFTER_S,
+                   help="exit (status 3) when no registration or heartbeat has been accepted for this long "
+                        "(default %(default)g; 0: wait for the orchestrator forever)")
     p.add_argument("--drain-grace-s", type=float, default=30.0, help="on SIGTERM, time running episodes get")
     p.add_argument("--sandbox-type", default="namespace", help="namespace | local_unsafe | module:Class")
     p.add_argument("--sandbox-option", action="append", default=[], metavar="KEY=VALUE",
@@ -60,9 +75,53 @@ def key_values(pairs: list[str]) -> dict:
     return out
 
 
-def load_env(target: str, options: dict):
-    module, _, cls = target.replace(":", ".").rpartition(".")
-    return getattr(importlib.import_module(module), cls)(**options)
+def load_env_class(target: str, env_paths: list[str] = ()) -> type:
+    """The Environment class `target` names (see the module docstring); SystemExit saying why not."""
+    from envs.sdk.base import Environment
+
+    for directory in reversed(env_paths):
+        sys.path.insert(0, str(Path(directory).resolve()))
+    source, sep, cls_name = target.rpartition(":")
+    if sep and source.endswith(".py"):
+        module = _load_file(Path(source), target)
+    else:
+        source, _, cls_name = target.replace(":", ".").rpartition(".")
+        if not source:
+            raise SystemExit(f"--env {target!r}: expected package.module.Class or path/to/file.py:Class")
+        try:
+            module = importlib.import_module(source)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (source == err.name or source.startswith(err.name + ".")):
+                raise  # the env's module was found; something it imports is missing
+            searched = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *env_paths]
+            raise SystemExit(
+                f"--env {target!r}: no module named {err.name!r} on the import path. The module must be "
+                f"importable from the current directory ({os.getcwd()}), $PYTHONPATH or --env-path DIR, "
+                f"or name the file: --env path/to/file.py:{cls_name}. Searched first: "
+                f"{', '.join(dict.fromkeys(filter(None, searched)))}") from None
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise SystemExit(f"--env {target!r}: {module.__name__} ({module.__file__}) has no {cls_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise SystemExit(f"--env {target!r}: {cls_name} is not a subclass of envs.sdk.Environment")
+    return cls
+
+
+def _load_file(path: Path, target: str):
+    path = path.resolve()
+    if not path.is_file():
+        raise SystemExit(f"--env {target!r}: no file {path}")
+    sys.path.insert(0, str(path.parent))
+    name = path.stem if path.stem not in sys.modules else f"_asyncrl_env_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses, pickling and self-imports look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_env(target: str, options: dict, env_paths: list[str] = ()):
+    return load_env_class(target, env_paths)(**options)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -74,8 +133,9 @@ async def serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(name=args.name, domain=args.domain, capacity=args.capacity, weight=args.weight,
                            host=args.host, port=args.port, public_url=args.public_url,
                            orchestrator_url=args.orchestrator, orchestrator_token=args.orchestrator_token,
-                           drain_grace_s=args.drain_grace_s, sandbox=sandbox)
-    service = EnvService(load_env(args.env, key_values(args.option)), config)
+                           orchestrator_gone_s=args.orchestrator_gone_s or None, drain_grace_s=args.drain_grace_s,
+                           sandbox=sandbox)
+    service = EnvService(load_env(args.env, key_values(args.option), args.env_path), config)
     try:
         url = await service.start()
     except SandboxUnavailable as err:
@@ -91,7 +151,16 @@ async def serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    waits = [asyncio.create_task(stop.wait())]
+    if service.registrar is not None:
+        waits.append(asyncio.create_task(service.registrar.gone.wait()))
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if not stop.is_set() and service.registrar is not None and service.registrar.gone.is_set():
+        logging.critical("exiting (status %d): %s", EXIT_ORCHESTRATOR_GONE, service.registrar.gone_reason)
+        await service.stop()
+        return EXIT_ORCHESTRATOR_GONE
     logging.info("shutting down (signal received)")
     await service.stop()
     return 0
@@ -101,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request at INFO (each heartbeat, each model call): shown only at --log-level DEBUG.
+    debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    logging.getLogger("httpx").setLevel(logging.INFO if debug else logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
     return asyncio.run(serve(args))
 
 

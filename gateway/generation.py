@@ -54,8 +54,11 @@ def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> Eng
         versions[span.start:span.end] = [_version(span.version)] * (min(span.end, n) - span.start)
     finish = meta.finish_reason or {"type": "abort"}
     routing = _routing_rows(engine, meta, prompt_len + n - 1) if finish["type"] != "abort" else None
+    top = [[(float(entry[0]), int(entry[1])) for entry in row or []] for row in (meta.output_top_logprobs or [])][:n]
+    if top and len(top) != n:
+        raise EngineRequestError(f"engine {engine} returned top log-probs for {len(top)} of {n} tokens")
     return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
-                      meta.e2e_latency, routing)
+                      meta.e2e_latency, routing, top)
 
 
 def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:
@@ -97,9 +100,13 @@ class TurnRunner:
     async def stream(self, session: Session, turn: Turn, sampling: dict[str, Any],
                      stream: bool = True) -> AsyncIterator[list[int]]:
         """Generate until the turn ends by stop or length; yields the turn's cumulative output ids
-        (after every engine update when `stream`, else once per call)."""
+        (after every engine update when `stream`, else once per call). A turn with forced tokens gets them
+        at its start, or, with `forced_after`, when a call stops on that token: the next call continues
+        after them (tool_choice; the budget counts generated tokens only)."""
         budget = sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
         turn.sampling = sampling
+        if turn.forced_pending and turn.forced_after is None:
+            turn.force()
         failed: frozenset[str] = frozenset()
         interruptions = rounds = 0
         while True:
@@ -113,11 +120,13 @@ class TurnRunner:
             if engine is None:
                 raise NoEngineError(f"no engine could run the turn (failed: {sorted(failed) or 'none'}; "
                                     f"engines: {sorted(self.pool.engines) or 'none'})")
-            params = {**sampling, "max_new_tokens": budget - len(turn.output_ids)}
+            params = {**sampling, "max_new_tokens": budget - len(turn.generated_ids)}
+            if turn.forced_pending:  # the call stops where the forced tokens go
+                params["stop_token_ids"] = [*params.get("stop_token_ids", []), turn.forced_after]
             rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
             call = None
             try:
-                async with aclosing(self._call(engine, session, turn.prompt, params, rid, stream)) as calls:
+                async with aclosing(self._call(engine, session, turn, params, rid, stream)) as calls:
                     async for call, done in calls:
                         if done or stream:
                             yield turn.output_ids + call.output_ids
@@ -128,11 +137,18 @@ class TurnRunner:
                 self.metrics.engine_errors.labels(engine.url).inc()
                 failed |= {engine.url}
                 if call is not None and call.output_ids:  # a stream cut mid-way: keep what arrived
-                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort"))
+                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort",
+                                                 top_logprobs=call.top_logprobs))
                 continue
             if call.output_ids or call.finish_reason != "abort":
                 turn.calls.append(call)
             if call.finish_reason != "abort":
+                if (turn.forced_pending and call.finish_reason == "stop" and call.output_ids[-1:] == [turn.forced_after]
+                        and len(turn.generated_ids) < budget):
+                    turn.force()
+                    if stream:
+                        yield turn.output_ids
+                    continue
                 return
             interruptions += 1
             self.metrics.engine_interruptions.inc()
@@ -140,21 +156,23 @@ class TurnRunner:
                 raise NoEngineError(f"session {session.id}: engine calls aborted {interruptions} times in a row")
             await asyncio.sleep(self.interruption_backoff_s)
 
-    async def _call(self, engine: EngineState, session: Session, prompt: list[int], params: dict[str, Any],
+    async def _call(self, engine: EngineState, session: Session, turn: Turn, params: dict[str, Any],
                     rid: str, stream: bool) -> AsyncIterator[tuple[EngineCall, bool]]:
-        """One engine /generate; yields (call so far, finished)."""
+        """One engine /generate of the turn's prompt so far; yields (call so far, finished)."""
+        prompt = turn.prompt
         session.in_flight[rid] = engine.url
         engine.in_flight += 1
         engine.requests += 1
         started = time.perf_counter()
         try:
-            routing = self.routing_replay
+            routing, top = self.routing_replay, turn.top_logprobs
             if not stream:
-                response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing)
+                response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing,
+                                                        top_logprobs_num=top)
                 yield engine_call(engine.url, response, len(prompt)), True
                 return
-            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid,
-                                                              return_routed_experts=routing)) as snapshots:
+            async with aclosing(engine.client.generate_stream(prompt, params, rid=rid, return_routed_experts=routing,
+                                                              top_logprobs_num=top)) as snapshots:
                 async for snapshot in snapshots:
                     yield engine_call(engine.url, snapshot, len(prompt)), snapshot.meta_info.finish_reason is not None
         finally:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway (GET /metrics)."""
+"""Prometheus metrics of the gateway (GET /metrics): `asyncrl_gateway_*` (docs/run.md "Metrics")."""
 
 from __future__ import annotations
 
@@ -7,28 +7,29 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+PREFIX = "asyncrl_gateway_"
 
 
 class GatewayMetrics:
     def __init__(self, active_sessions: Callable[[], int], healthy_engines: Callable[[], int]) -> None:
         self.registry = r = CollectorRegistry()
-        Gauge("gateway_sessions_active", "sessions open (not finished)", registry=r).set_function(active_sessions)
-        Gauge("gateway_engines_healthy", "engines routed to", registry=r).set_function(healthy_engines)
-        self.sessions_created = Counter("gateway_sessions_created", "sessions created", registry=r)
-        self.sessions_finished = Counter("gateway_sessions_finished", "sessions finished", ["status"], registry=r)
-        self.samples_written = Counter("gateway_samples_written", "segments appended to Redis", registry=r)
-        self.turns = Counter("gateway_turns", "turns generated", ["api", "finish_reason"], registry=r)
-        self.new_segments = Counter("gateway_new_segments", "segments opened because history was edited",
-                                    registry=r)
-        self.prompt_tokens = Counter("gateway_prompt_tokens", "tokens appended to sessions (mask 0)", registry=r)
-        self.generated_tokens = Counter("gateway_generated_tokens", "model tokens recorded (mask 1)", registry=r)
-        self.engine_errors = Counter("gateway_engine_errors", "failed engine calls (failed over)", ["engine"],
+        p = PREFIX
+        Gauge(f"{p}sessions_active", "sessions open (not finished)", registry=r).set_function(active_sessions)
+        Gauge(f"{p}engines_healthy", "engines routed to", registry=r).set_function(healthy_engines)
+        self.sessions_created = Counter(f"{p}sessions_created", "sessions created", registry=r)
+        self.sessions_finished = Counter(f"{p}sessions_finished", "sessions finished", ["status"], registry=r)
+        self.samples_written = Counter(f"{p}samples_written", "segments appended to Redis", registry=r)
+        self.turns = Counter(f"{p}turns", "turns generated", ["api", "finish_reason"], registry=r)
+        self.new_segments = Counter(f"{p}new_segments", "segments opened because history was edited", registry=r)
+        self.prompt_tokens = Counter(f"{p}prompt_tokens", "tokens appended to sessions (mask 0)", registry=r)
+        self.generated_tokens = Counter(f"{p}generated_tokens", "model tokens recorded (mask 1)", registry=r)
+        self.engine_errors = Counter(f"{p}engine_errors", "failed engine calls (failed over)", ["engine"],
                                      registry=r)
-        self.engine_interruptions = Counter("gateway_engine_interruptions",
+        self.engine_interruptions = Counter(f"{p}engine_interruptions",
                                             "engine calls that ended by abort and were continued", registry=r)
-        self.client_disconnects = Counter("gateway_client_disconnects", "turns aborted by a client disconnect",
+        self.client_disconnects = Counter(f"{p}client_disconnects", "turns aborted by a client disconnect",
                                           registry=r)
-        self.turn_latency = Histogram("gateway_turn_latency_seconds", "turn latency, engine time included",
+        self.turn_latency = Histogram(f"{p}turn_latency_seconds", "turn latency, engine time included",
                                       ["api"], buckets=LATENCY_BUCKETS, registry=r)
-        self.engine_latency = Histogram("gateway_engine_latency_seconds", "engine call latency",
+        self.engine_latency = Histogram(f"{p}engine_latency_seconds", "engine call latency",
                                         buckets=LATENCY_BUCKETS, registry=r)

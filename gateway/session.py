@@ -52,6 +52,14 @@ class EngineCall:
     """The engine's own e2e_latency of the call (its queueing and compute, not HTTP)."""
     routed_experts: Optional[np.ndarray] = None
     """Routing replay: int32 [prompt + output - 1, layers x top_k] from the engine (None if not asked)."""
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    """Per output token, its top alternatives (logprob, id), when the turn asked for them."""
+    forced: bool = False
+    """Not the engine's: tokens the gateway wrote into the model's turn (tool_choice), recorded with mask 0."""
+
+
+def forced_call(ids: Sequence[int]) -> EngineCall:
+    return EngineCall("gateway", list(ids), [0.0] * len(ids), [-1] * len(ids), "forced", forced=True)
 
 
 @dataclass
@@ -119,6 +127,13 @@ class Turn:
     calls: list[EngineCall] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
     """The SGLang sampling params the turn's engine calls ran with (set by TurnRunner)."""
+    top_logprobs: int = 0
+    """Alternatives per output token to ask the engines for (OpenAI top_logprobs, SGLang top_logprobs_num)."""
+    forced: list[int] = field(default_factory=list)
+    """Tokens the gateway writes into the model's turn once (tool_choice required or named: `<tool_call>` and
+    the name): at its start, or right after the model emits `forced_after` (</think>: it reasons first).
+    They are prompt tokens for the calls after them (mask 0, no log-prob): the model did not choose them."""
+    forced_after: Optional[int] = None
 
     @property
     def first_prompt(self) -> list[int]:
@@ -133,11 +148,32 @@ class Turn:
 
     @property
     def output_ids(self) -> list[int]:
+        """The reply's tokens: the engines' and any the gateway forced, in order."""
         return [t for call in self.calls for t in call.output_ids]
 
     @property
+    def generated_ids(self) -> list[int]:
+        """The tokens the engines sampled (output_ids less forced ones)."""
+        return [t for call in self.calls if not call.forced for t in call.output_ids]
+
+    @property
     def output_logprobs(self) -> list[float]:
-        return [lp for call in self.calls for lp in call.logprobs]
+        """Log-prob of each generated token (aligned with generated_ids)."""
+        return [lp for call in self.calls if not call.forced for lp in call.logprobs]
+
+    @property
+    def output_top_logprobs(self) -> list[list[tuple[float, int]]]:
+        """Top alternatives of each generated token ([] per token unless asked)."""
+        return [top for call in self.calls if not call.forced
+                for top in (call.top_logprobs or [[] for _ in call.output_ids])]
+
+    @property
+    def forced_pending(self) -> bool:
+        return bool(self.forced) and not any(call.forced for call in self.calls)
+
+    def force(self) -> None:
+        """Write the forced tokens after the output so far; the next engine call continues from them."""
+        self.calls.append(forced_call(self.forced))
 
     @property
     def finish_reason(self) -> str:
@@ -145,7 +181,7 @@ class Turn:
 
     @property
     def engines(self) -> list[str]:
-        return [call.engine for call in self.calls]
+        return [call.engine for call in self.calls if not call.forced]
 
     @property
     def engine_latency_s(self) -> float:
@@ -212,6 +248,9 @@ class Session:
         temperature = logprob_temperature(turn.sampling)
         recorded = {k: v for k, v in turn.sampling.items() if k != "max_new_tokens"}  # the budget shrinks per call
         for call in turn.calls:
+            if call.forced:  # prompt tokens of the next call: no TurnRecord of their own
+                segment.append(call.output_ids)
+                continue
             prompt_len = len(segment.tokens)
             segment.append(call.output_ids, call, temperature)
             if call.routed_experts is not None:

@@ -19,10 +19,11 @@ from starlette.requests import Request
 from asyncrl.chat_template import GlmChatTemplate
 from asyncrl.protocols.engine import version_spans
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequest
+from asyncrl.tokenizer import Tokenizer
 from gateway.generation import NoEngineError, TurnRunner
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import (ChatReply, chat_chunk, chat_completion, chat_sampling, finish_reason, token_logprobs,
-                                turn_sampling, usage)
+from gateway.openai_api import (ChatReply, ToolPlan, chat_chunk, chat_completion, chat_sampling, finish_reason,
+                                token_logprobs, tool_plan, turn_sampling, usage)
 from gateway.sampling import check_sampling
 from gateway.session import Session, SessionClosedError, Turn
 
@@ -41,14 +42,22 @@ class Turns:
         self.spawn = spawn
 
     # OpenAI chat -------------------------------------------------------------------------------------
-    def plan_chat(self, session: Session, request: ChatCompletionRequest) -> Turn:
-        return session.chat_turn(self.template, request.messages, request.tools)
+    def plan_chat(self, session: Session, request: ChatCompletionRequest) -> tuple[Turn, ToolPlan]:
+        plan = tool_plan(self.template, request)
+        turn = session.chat_turn(self.template, request.messages, request.tools)
+        turn.forced, turn.forced_after = list(plan.forced), plan.forced_after
+        turn.top_logprobs = (request.top_logprobs or 0) if request.logprobs else 0
+        return turn, plan
 
-    def chat_sampling(self, session: Session, request: ChatCompletionRequest) -> dict[str, Any]:
+    def chat_sampling(self, session: Session, request: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
         """The turn's engine sampling params; SamplingPolicyError (400) if the session's policy refuses them."""
-        params = chat_sampling(request, session.sampling, session.num_turns, self.template.stop_token_ids)
-        check_sampling(params, session.sampling.allow_truncation)
-        return params
+        stops = [*self.template.stop_token_ids, *plan.stops]
+        return check_sampling(chat_sampling(request, session.sampling, session.num_turns, stops),
+                              session.sampling.allow_truncation)
+
+    def _logprobs(self, turn: Turn) -> dict[str, Any]:
+        return token_logprobs(self.template.tokenizer, turn.generated_ids, turn.output_logprobs,
+                              turn.output_top_logprobs if turn.top_logprobs else ())
 
     async def chat(self, session: Session, request: ChatCompletionRequest, client: Request
                    ) -> tuple[dict[str, Any], float]:
@@ -56,14 +65,13 @@ class Turns:
         started = time.perf_counter()
         async with session.lock:
             session.ensure_open()
-            turn = self.plan_chat(session, request)
-            reply = ChatReply(self.template, request, session.num_turns)
-            await self._run_watching_client(session, turn, self.chat_sampling(session, request), client)
+            turn, plan = self.plan_chat(session, request)
+            reply = ChatReply(self.template, request, session.num_turns, plan)
+            await self._run_watching_client(session, turn, self.chat_sampling(session, request, plan), client)
             message = reply.message(turn.output_ids)
             session.commit(turn, message)
         self._count(session, turn, "chat", started)
-        logprobs = token_logprobs(self.template.tokenizer, turn.output_ids, turn.output_logprobs) \
-            if request.logprobs else None
+        logprobs = self._logprobs(turn) if request.logprobs else None
         completion = chat_completion(_completion_id(), self.model_name, message,
                                      finish_reason(message, turn.finish_reason), _usage(turn), logprobs)
         return completion, turn.engine_latency_s
@@ -74,12 +82,13 @@ class Turns:
         completion_id = _completion_id()
         async with session.lock:
             session.ensure_open()
-            turn = self.plan_chat(session, request)
-            reply = ChatReply(self.template, request, session.num_turns)
+            turn, plan = self.plan_chat(session, request)
+            reply = ChatReply(self.template, request, session.num_turns, plan)
+            sampling = self.chat_sampling(session, request, plan)
             yield _sse(chat_chunk(completion_id, self.model_name, {"role": "assistant", "content": ""}))
             try:
                 async with _AbortUnlessCommitted(self, session) as committed:
-                    async with aclosing(self.runner.stream(session, turn, self.chat_sampling(session, request))) as outputs:
+                    async with aclosing(self.runner.stream(session, turn, sampling)) as outputs:
                         async for output_ids in outputs:
                             for delta in reply.deltas(output_ids, final=False):
                                 yield _sse(chat_chunk(completion_id, self.model_name, delta))
@@ -92,7 +101,9 @@ class Turns:
         self._count(session, turn, "chat_stream", started)
         for delta in reply.deltas(turn.output_ids, final=True):
             yield _sse(chat_chunk(completion_id, self.model_name, delta))
-        yield _sse(chat_chunk(completion_id, self.model_name, {}, finish_reason(message, turn.finish_reason)))
+        logprobs = self._logprobs(turn) if request.logprobs else None  # all in the last chunk: they add up
+        yield _sse(chat_chunk(completion_id, self.model_name, {}, finish_reason(message, turn.finish_reason),
+                              logprobs=logprobs))
         if (request.stream_options or {}).get("include_usage"):
             yield _sse(chat_chunk(completion_id, self.model_name, None, usage_=_usage(turn)))
         yield b"data: [DONE]\n\n"
@@ -104,13 +115,26 @@ class Turns:
         async with session.lock:
             session.ensure_open()
             turn = session.token_turn(request.input_ids)
-            sampling = {**turn_sampling(session.sampling, session.num_turns),
-                        **{k: v for k, v in request.sampling_params.items() if v is not None}}
-            check_sampling(sampling, session.sampling.allow_truncation)
+            turn.top_logprobs = request.top_logprobs_num if request.return_logprob else 0
+            sampling = check_sampling({**turn_sampling(session.sampling, session.num_turns), **request.sampling_params},
+                                      session.sampling.allow_truncation)
             await self._run_watching_client(session, turn, sampling, client)
             session.commit(turn)
         self._count(session, turn, "generate", started)
-        return _generate_response(turn, self.template.tokenizer.decode(turn.output_ids), request.return_logprob)
+        return _generate_response(turn, self._native_text(turn, request.sampling_params), request,
+                                  self.template.tokenizer)
+
+    def _native_text(self, turn: Turn, params: dict[str, Any]) -> str:
+        """The output's text, as SGLang writes it for the given skip_special_tokens / no_stop_trim; unset,
+        the decode of every output id (the ids are the record; the text hides nothing of them)."""
+        ids, trim = turn.output_ids, params.get("no_stop_trim") is False and turn.finish_reason == "stop"
+        matched = turn.calls[-1].matched_stop if turn.calls else None
+        if trim and isinstance(matched, int) and ids[-1:] == [matched]:
+            ids = ids[:-1]
+        text = self.template.tokenizer.decode(ids, skip_special_tokens=bool(params.get("skip_special_tokens")))
+        if trim and isinstance(matched, str) and matched in text:
+            text = text[:text.index(matched)]
+        return text
 
     # Plumbing ------------------------------------------------------------------------------------------
     async def _run_watching_client(self, session: Session, turn: Turn, sampling: dict[str, Any],
@@ -137,7 +161,7 @@ class Turns:
             self.metrics.new_segments.inc()
         self.metrics.turns.labels(api, turn.finish_reason).inc()
         self.metrics.prompt_tokens.inc(len(turn.new_ids))
-        self.metrics.generated_tokens.inc(len(turn.output_ids))
+        self.metrics.generated_tokens.inc(len(turn.generated_ids))
         self.metrics.turn_latency.labels(api).observe(time.perf_counter() - started)
 
 
@@ -173,10 +197,12 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def _usage(turn: Turn) -> dict[str, int]:
-    return usage(turn.base_len + len(turn.new_ids), len(turn.output_ids))
+    """Completion tokens are the generated ones; tokens the gateway forced (tool_choice) count as prompt."""
+    generated = len(turn.generated_ids)
+    return usage(turn.base_len + len(turn.new_ids) + len(turn.output_ids) - generated, generated)
 
 
-def _generate_response(turn: Turn, text: str, return_logprob: bool) -> dict[str, Any]:
+def _generate_response(turn: Turn, text: str, request: SessionGenerateRequest, tokenizer: Tokenizer) -> dict[str, Any]:
     """SGLang's /generate reply for the whole turn (its engine calls joined)."""
     last = turn.calls[-1]
     finish: dict[str, Any] = {"type": last.finish_reason}
@@ -184,13 +210,16 @@ def _generate_response(turn: Turn, text: str, return_logprob: bool) -> dict[str,
         finish["matched"] = last.matched_stop
     elif last.finish_reason == "length":
         finish["length"] = len(turn.output_ids)
-    versions = [v for call in turn.calls for v in call.versions]
+    versions = [v for call in turn.calls if not call.forced for v in call.versions]
     meta: dict[str, Any] = {
         "id": secrets.token_hex(12), "finish_reason": finish, "prompt_tokens": turn.base_len + len(turn.new_ids),
         "completion_tokens": len(turn.output_ids), "cached_tokens": 0,
         "weight_version": str(versions[-1]) if versions else None, "weight_versions": version_spans(versions),
         "e2e_latency": turn.engine_latency_s, "engines": turn.engines}
-    if return_logprob:
-        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(turn.output_logprobs, turn.output_ids)]
+    if request.return_logprob:
+        token_text = (lambda t: tokenizer.decode([t])) if request.return_text_in_logprobs else (lambda t: None)
+        meta["output_token_logprobs"] = [[lp, t, token_text(t)] for lp, t in zip(turn.output_logprobs, turn.output_ids)]
+        if turn.top_logprobs:
+            meta["output_top_logprobs"] = [[[lp, t, token_text(t)] for lp, t in top] for top in turn.output_top_logprobs]
     return {"text": text, "output_ids": turn.output_ids, "meta_info": meta}
 

@@ -45,9 +45,13 @@ class Signal(ABC):
 class UnconsumedGroups(Signal):
     name = "unconsumed_groups"
 
-    def __init__(self, limit: int, completed: Callable[[], int], recorded: Callable[[], int],
+    def __init__(self, limit: int, recorded: Callable[[], int], unwritten: Callable[[], int],
                  open_groups: Callable[[], int]) -> None:
-        self.limit, self.completed, self.recorded, self.open_groups = limit, completed, recorded, open_groups
+        """`recorded`: group records this process has written to the stream; `unwritten`: complete groups
+        not written yet. Both count from this process's start only: the run's total of groups (restored
+        from the ledger by a restarted orchestrator) would count every group of the previous process as
+        not yet read, and hold new groups for good (a resumed run that never trained again)."""
+        self.limit, self.recorded, self.unwritten, self.open_groups = limit, recorded, unwritten, open_groups
         self.unconsumed = 0
         self.recorded_at_read = 0
 
@@ -56,7 +60,7 @@ class UnconsumedGroups(Signal):
         self.recorded_at_read = self.recorded()  # after the read: a group written meanwhile counts twice, never 0 times
 
     def holds(self, served_version):
-        not_yet_read = self.completed() - self.recorded_at_read
+        not_yet_read = self.recorded() - self.recorded_at_read + self.unwritten()
         return self.unconsumed + not_yet_read + self.open_groups() >= self.limit
 
 

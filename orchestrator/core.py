@@ -11,7 +11,8 @@
              service_error, orchestrator_error)
                                    after max_attempts failures: session finished "failed", given up
     a service turning unhealthy: its running attempts are cancelled and handled as failures
-    a group whose members are all done or given up: its GroupRecord is appended (ledger, once)
+    a group whose members are all done or given up: its GroupRecord is appended (ledger, once), or,
+        with dynamic sampling and equal rewards, it is filtered: never appended, its samples deleted
 
 Everything here runs on one event loop; state changes are synchronous between awaits.
 """
@@ -30,6 +31,7 @@ from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, Overhea
 from asyncrl.store import Store
 from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
 from orchestrator.counters import Counters
+from orchestrator.dynamic_sampling import DynamicSampler, Verdict
 from orchestrator.envclient import EnvClient, Outcome
 from orchestrator.groups import Group, Member, MemberState
 from orchestrator.http import SendClock, client_session
@@ -50,8 +52,11 @@ class Orchestrator:
         self.cfg = cfg
         self.store = store
         self.registry = Registry(cfg.heartbeat_timeout_s)
+        if cfg.dynamic_sampling.enabled and cfg.group_size < 2:
+            raise ValueError("dynamic sampling needs group_size >= 2: a group of one always has equal rewards")
         self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
-        self.metrics = OrchestratorMetrics()
+        self.sampler = DynamicSampler(cfg.dynamic_sampling, cfg.groups_per_step)
+        self.metrics = OrchestratorMetrics(pause_reasons=lambda: self.pause_reasons)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
         """Open groups (accepted, not yet complete)."""
@@ -65,6 +70,9 @@ class Orchestrator:
         """env_id -> episode_id -> the attempt running at that service."""
         self.settling = 0
         """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
+        self.in_flight_by_env: dict[str, int] = {}
+        """Attempts running per env, at its removed services that still drain included (their services
+        left the env's queue, so a sum over the queue said 0 while the total said 9)."""
         self._wake = asyncio.Event()
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
@@ -73,11 +81,19 @@ class Orchestrator:
     def _signals(self) -> list[Signal]:
         signals: list[Signal] = []
         if self.cfg.max_unconsumed_groups > 0:
-            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.counters.total("groups"),
-                                            lambda: self.ledger.groups_recorded, lambda: len(self.groups)))
+            signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.ledger.groups_recorded,
+                                            lambda: self.ledger.unwritten_completions, lambda: len(self.groups)))
         if self.cfg.staleness_limit is not None:
-            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, lambda: self.counters.ordinal))
+            signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, self._budgeted_groups))
         return signals
+
+    def _budgeted_groups(self) -> int:
+        """Groups the staleness rule counts: those that can reach the trainer usable (open, or appended with
+        more than half of their members done). A group the trainer will drop (too many failed members) or
+        that dynamic sampling filtered frees its place at once, so a step can still be filled: counting
+        every started group deadlocked a sync run whose batch held one such group (the trainer waited for
+        one more group, the orchestrator for the push)."""
+        return self.counters.ordinal - self.counters.not_usable()
 
     # Events ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -153,6 +169,7 @@ class Orchestrator:
         episode_id = group.episode_id(member)
         service.in_flight += 1
         self.scheduler.in_flight += 1
+        self.in_flight_by_env[q.name] = self.in_flight_by_env.get(q.name, 0) + 1
         self.scheduler.charge(q, 1, now)
         self.metrics.in_flight.labels(q.name).inc()
         task = asyncio.create_task(self._attempt(group, member, service, episode_id), name=episode_id)
@@ -165,6 +182,7 @@ class Orchestrator:
             return False
         service.in_flight -= 1
         self.scheduler.in_flight -= 1
+        self.in_flight_by_env[service.name] -= 1
         self.metrics.in_flight.labels(service.name).dec()
         self.wake()
         return True
@@ -197,11 +215,20 @@ class Orchestrator:
         except GatewayError as err:
             return Outcome("error", error=str(err), reason=ORCHESTRATOR_ERROR)
         self.ledger.touch(group)
+        max_turns, deadline_s = self.episode_limits(service)
         request = EpisodeRequest(episode_id=episode_id, task_id=group.task_id, seed=member.seed, llm=llm,
-                                 max_turns=self.cfg.max_turns, deadline_s=self.cfg.episode_timeout_s)
+                                 max_turns=max_turns, deadline_s=deadline_s)
         clock = SendClock(member.ready_at, self.metrics.dispatched)
-        return await self.envs.run_episode(service.url, request, self.cfg.episode_timeout_s + self.cfg.request_grace_s,
-                                           clock)
+        return await self.envs.run_episode(service.url, request, deadline_s + self.cfg.request_grace_s, clock)
+
+    def episode_limits(self, service: Service) -> tuple[int, float]:
+        """(max_turns, deadline_s) of an episode at `service`: its env's setting (`max_turns_by_env`,
+        `episode_timeout_s_by_env`, by env name, else by domain), else the run's."""
+        def pick(by_env: dict, default):
+            return by_env.get(service.name, by_env.get(service.domain, default))
+
+        return (pick(self.cfg.max_turns_by_env, self.cfg.max_turns),
+                pick(self.cfg.episode_timeout_s_by_env, self.cfg.episode_timeout_s))
 
     async def _settle(self, group: Group, member: Member, service: Service, outcome: Outcome) -> None:
         response = outcome.response
@@ -274,12 +301,32 @@ class Orchestrator:
         self.metrics.episodes.labels(group.env, status if state is MemberState.done else "given_up").inc()
         self.metrics.finished(time.monotonic())
         if group.complete:
-            del self.groups[group.group_id]
-            env["groups"] += 1
-            self.metrics.groups.labels(group.env).inc()
-            self.ledger.complete(group)
+            self.complete_group(group)
         else:
             self.ledger.touch(group)
+
+    def complete_group(self, group: Group) -> None:
+        """Every member finished: append the group's record, or filter it (dynamic sampling)."""
+        del self.groups[group.group_id]
+        env = self.counters.by_env[group.env]
+        verdict, filtered, self.counters.filter_streak = self.sampler.decide(group, self.counters.filter_streak)
+        self.metrics.filtered_fraction.set(self.sampler.filtered_fraction)
+        if filtered:
+            env["filtered"] += 1
+            self.metrics.filtered.labels(group.env).inc()
+            self.ledger.discard(group)
+            self.wake()  # its place under the staleness budget is free again
+            return
+        if verdict is Verdict.unusable:
+            env["unusable"] += 1
+            if self.sampler.enabled:
+                self.wake()  # not counted under the staleness budget: a place is free
+        elif verdict is Verdict.uninformative and self.sampler.enabled:
+            env["passed"] += 1
+            self.metrics.passed.labels(group.env).inc()
+        env["groups"] += 1
+        self.metrics.groups.labels(group.env).inc()
+        self.ledger.complete(group)
 
     # Services ------------------------------------------------------------------------------------
     async def register(self, req: RegisterRequest) -> Service:
@@ -362,8 +409,10 @@ class Orchestrator:
         by_env = {}
         for name, q in self.scheduler.queues.items():
             c = self.counters.by_env[name]
-            by_env[name] = EnvStatus(in_flight=sum(s.in_flight for s in q.services.values()), queued=len(q.pending),
+            by_env[name] = EnvStatus(in_flight=self.in_flight_by_env.get(name, 0), queued=len(q.pending),
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
+                                     groups_filtered=c["filtered"], groups_passed=c["passed"],
+                                     groups_unusable=c["unusable"],
                                      healthy_services=q.healthy_services(), weight=q.weight,
                                      outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
@@ -371,7 +420,9 @@ class Orchestrator:
             completed=self.counters.total("completed"), failed=self.counters.total("failed"),
             retried=self.counters.retried, groups_completed=self.counters.total("groups"),
             groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions,
-            groups_open=len(self.groups),
+            groups_open=len(self.groups), groups_filtered=self.counters.total("filtered"),
+            groups_passed=self.counters.total("passed"), groups_unusable=self.counters.total("unusable"),
+            filtered_fraction=self.sampler.filtered_fraction, filter_streak=self.counters.filter_streak,
             episodes_per_s=self.metrics.episodes_per_s(self.cfg.rate_window_s),
             weight_version=self.backpressure.served_version, paused=bool(self.pause_reasons),
             pause_reasons=self.pause_reasons, dispatch_overhead=OverheadSummary(**self.metrics.overhead_summary(overhead_since)),

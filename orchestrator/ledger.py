@@ -9,13 +9,15 @@ Keys (prefix `asyncrl:{run}:`):
 | `orch:groups` | hash | group_id -> the open group with every member's state (msgpack) |
 | `orch:meta` | hash | group ordinal, per-env task cursors, counters |
 | `orch:batch` | string | id of the last batch applied (a retried batch is applied once) |
-| `groups` | stream | the trainer's stream: one GroupRecord per complete group |
+| `groups` | stream | the trainer's stream: one GroupRecord per complete group (but filtered ones) |
 
 The dispatch loop changes groups in memory and marks them dirty; a writer task snapshots everything
 dirty and writes it in one MULTI/EXEC, at most every LINGER_S (events meanwhile share the next one).
 A group's completion (XADD of its GroupRecord to `groups`) and its deletion from `orch:groups` are
 in the same transaction, together with the counters: a group is appended exactly once, also across
-crashes. `durable(group)` waits until the group's current state is in Redis.
+crashes. A group filtered by dynamic sampling (`discard`) is deleted from `orch:groups` with its
+samples (XDEL from `samples`: nobody will acknowledge them, so retention would never trim them) in
+the same way, and never appended. `durable(group)` waits until the group's current state is in Redis.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Ledger:
         """Called at each flush: counters and cursors to write with the groups (one consistent instant)."""
         self._dirty: dict[str, Group] = {}
         self._completed: dict[str, Group] = {}
+        self._discarded: dict[str, Group] = {}
         self._heartbeats: dict[str, float] = {}
         self._in_batch: set[str] = set()
         self._records_in_batch = 0
@@ -71,6 +74,10 @@ class Ledger:
         self._current: Optional[asyncio.Future] = None
         self.groups_recorded = 0
         """GroupRecords this ledger has written to the `groups` stream."""
+        self.filtered_unreported = 0
+        """Groups discarded since the last GroupRecord written: the next record carries them
+        (GroupRecord.filtered_before), so the trainer can count what filling a step took. Kept in
+        `orch:meta` (`filtered_unreported`) with the batch."""
 
     def key(self, name: str) -> str:
         return self.store.key(f"orch:{name}")
@@ -115,6 +122,12 @@ class Ledger:
         self._completed[group.group_id] = group
         self._kick.set()
 
+    def discard(self, group: Group) -> None:
+        """Forget the group and delete its samples, atomically, with the next batch; no record."""
+        self._dirty.pop(group.group_id, None)
+        self._discarded[group.group_id] = group
+        self._kick.set()
+
     @property
     def unwritten_completions(self) -> int:
         """Complete groups whose records are not in Redis yet (waiting for, or in, the running batch)."""
@@ -123,14 +136,14 @@ class Ledger:
     async def durable(self, group: Group) -> None:
         """Return once the group's state as of now is in Redis."""
         gid = group.group_id
-        if gid in self._dirty or gid in self._completed:
+        if gid in self._dirty or gid in self._completed or gid in self._discarded:
             await asyncio.shield(self._next)
         elif gid in self._in_batch and self._current is not None:
             await asyncio.shield(self._current)
 
     async def sync(self) -> None:
         """Return once everything changed so far is in Redis."""
-        if self._dirty or self._completed or self._heartbeats:
+        if self._dirty or self._completed or self._discarded or self._heartbeats:
             await asyncio.shield(self._next)
         elif self._current is not None and not self._current.done():
             await asyncio.shield(self._current)
@@ -144,28 +157,39 @@ class Ledger:
             await asyncio.sleep(LINGER_S - (time.monotonic() - started))
 
     async def _write_batch(self) -> None:
-        dirty, completed, beats = self._dirty, self._completed, self._heartbeats
-        self._dirty, self._completed, self._heartbeats = {}, {}, {}
-        self._in_batch = set(dirty) | set(completed)
+        dirty, completed, discarded, beats = self._dirty, self._completed, self._discarded, self._heartbeats
+        self._dirty, self._completed, self._discarded, self._heartbeats = {}, {}, {}, {}
+        self._in_batch = set(dirty) | set(completed) | set(discarded)
         self._records_in_batch = len(completed)
         self._current, self._next = self._next, asyncio.get_running_loop().create_future()
         states = {gid: g.encode() for gid, g in dirty.items()}
         records = [(gid, g.record()) for gid, g in completed.items()]
         for _, record in records:
             record.created_at = time.time()
+        dropped = [(gid, g.record().sample_refs) for gid, g in discarded.items()]
+        unreported = self.filtered_unreported + len(dropped)
+        if records:  # the first record of the batch carries every group filtered before it
+            records[0][1].filtered_before, unreported = unreported, 0
         meta = self.meta()
-        await self._execute(lambda pipe: self._queue_batch(pipe, states, records, beats, meta))
+        if unreported or self.filtered_unreported:  # only runs that filter have the key
+            meta = {**meta, "filtered_unreported": unreported}
+        await self._execute(lambda pipe: self._queue_batch(pipe, states, records, beats, meta, dropped))
+        self.filtered_unreported = unreported
         self.groups_recorded += len(records)
         self._in_batch, self._records_in_batch = set(), 0
         self._current.set_result(None)
 
     def _queue_batch(self, pipe, states: dict[str, bytes], records: list, beats: dict[str, float],
-                     meta: dict[str, int]) -> None:
+                     meta: dict[str, int], dropped: list[tuple[str, list[str]]]) -> None:
         if states:
             pipe.hset(self.key("groups"), mapping=states)
         for gid, record in records:
             pipe.xadd(self.store.key("groups"), record.encode())
             pipe.hdel(self.key("groups"), gid)
+        for gid, refs in dropped:
+            pipe.hdel(self.key("groups"), gid)
+            if refs:
+                pipe.xdel(self.store.key("samples"), *refs)
         if beats:
             pipe.hset(self.key("heartbeats"), mapping=beats)
         pipe.hset(self.key("meta"), mapping=meta)

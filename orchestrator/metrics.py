@@ -1,39 +1,65 @@
-"""Prometheus metrics of the orchestrator and the recent scheduling-overhead samples behind /v1/status."""
+"""Prometheus metrics of the orchestrator (`asyncrl_orchestrator_*`, docs/run.md "Metrics") and the
+recent scheduling-overhead samples behind /v1/status."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable, Iterator
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+PREFIX = "asyncrl_orchestrator_"
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 EPISODE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+PAUSE_REASONS = ("operator", "unconsumed_groups", "staleness")
+"""Why new groups can be held back (Orchestrator.pause_reasons); each has a series from the start."""
+
+
+class _PausedGauge(Collector):
+    """`asyncrl_orchestrator_paused{reason}`: 1 while that reason holds new groups back, read at scrape time."""
+
+    def __init__(self, reasons: Callable[[], list[str]]) -> None:
+        self.reasons = reasons
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        active = set(self.reasons())
+        family = GaugeMetricFamily(f"{PREFIX}paused", "1 while new groups are held back, by reason", labels=["reason"])
+        for reason in sorted(set(PAUSE_REASONS) | active):
+            family.add_metric([reason], float(reason in active))
+        yield family
 
 
 class OrchestratorMetrics:
-    def __init__(self, overhead_window: int = 100_000) -> None:
+    def __init__(self, overhead_window: int = 100_000, pause_reasons: Callable[[], list[str]] = list) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.episodes = Counter("asyncrl_orch_episodes", "Episodes finished, by env and final status "
-                                "(completed, truncated, given_up)", ["env", "status"], registry=r)
-        self.retries = Counter("asyncrl_orch_retries", "Re-dispatches, by env and reason (a failure's reason, "
-                               "or refused, session_lost, restart)", ["env", "reason"], registry=r)
-        self.outcomes = Counter("asyncrl_orch_outcomes", "Attempts that ended, by env, outcome class and reason "
-                                "(model outcomes once per member, failures once per failed attempt)",
+        r, p = self.registry, PREFIX
+        self.episodes = Counter(f"{p}episodes", "Episodes finished, by env and final status (completed, truncated, "
+                                "given_up)", ["env", "status"], registry=r)
+        self.retries = Counter(f"{p}retries", "Re-dispatches, by env and reason (a failure's reason, or refused, "
+                               "session_lost, restart)", ["env", "reason"], registry=r)
+        self.outcomes = Counter(f"{p}outcomes", "Attempts that ended, by env, outcome class and reason (model "
+                                "outcomes once per member, failures once per failed attempt)",
                                 ["env", "outcome", "reason"], registry=r)
-        self.groups = Counter("asyncrl_orch_groups_completed", "GroupRecords appended", ["env"], registry=r)
-        self.in_flight = Gauge("asyncrl_orch_in_flight", "Episodes running at env services", ["env"], registry=r)
-        self.queued = Gauge("asyncrl_orch_queued", "Episodes of accepted groups waiting for a slot", registry=r)
-        self.healthy = Gauge("asyncrl_orch_services_healthy", "Healthy services", ["env"], registry=r)
-        self.paused = Gauge("asyncrl_orch_paused", "1 while new groups are held back, by reason", ["reason"],
-                            registry=r)
-        self.overhead = Histogram("asyncrl_orch_dispatch_overhead_seconds", "From episode ready to its POST "
-                                  "written to the socket", buckets=OVERHEAD_BUCKETS, registry=r)
-        self.duration = Histogram("asyncrl_orch_episode_seconds", "Episode wall time at the env service", ["env"],
+        self.groups = Counter(f"{p}groups_completed", "GroupRecords appended", ["env"], registry=r)
+        self.filtered = Counter(f"{p}groups_filtered", "Complete groups with equal rewards not appended (dynamic "
+                                "sampling; their samples deleted)", ["env"], registry=r)
+        self.passed = Counter(f"{p}groups_passed_uninformative", "Groups with equal rewards appended anyway (dynamic "
+                              "sampling's guard: max_filtered_batches in a row were filtered)", ["env"], registry=r)
+        self.filtered_fraction = Gauge(f"{p}filtered_fraction", "Fraction of the latest complete groups (64 or 4 x "
+                                       "groups_per_step) that dynamic sampling filtered", registry=r)
+        self.in_flight = Gauge(f"{p}in_flight", "Episodes running at env services", ["env"], registry=r)
+        self.queued = Gauge(f"{p}queued", "Episodes of accepted groups waiting for a slot", registry=r)
+        self.healthy = Gauge(f"{p}services_healthy", "Healthy services", ["env"], registry=r)
+        r.register(_PausedGauge(pause_reasons))
+        self.overhead = Histogram(f"{p}dispatch_overhead_seconds", "From episode ready to its POST written to the "
+                                  "socket", buckets=OVERHEAD_BUCKETS, registry=r)
+        self.duration = Histogram(f"{p}episode_seconds", "Episode wall time at the env service", ["env"],
                                   buckets=EPISODE_BUCKETS, registry=r)
-        self.reward = Histogram("asyncrl_orch_reward", "Rewards of usable episodes", ["env"],
+        self.reward = Histogram(f"{p}reward", "Rewards of usable episodes", ["env"],
                                 buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=r)
         self._overheads = np.zeros((overhead_window, 2))
         """Ring buffer of (unix time, seconds) of the latest dispatches (percentiles without sorting lists)."""

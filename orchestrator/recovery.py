@@ -10,7 +10,9 @@ timeout), counters and task cursors, and every open group with its members' stat
   idempotent finish returns that first reply and the member is done with those sample refs;
   otherwise nothing is recorded, the episode is cancelled at its service and queued again
   (a restart does not count as a failed attempt);
-- groups that are complete are appended to the `groups` stream now.
+- groups that are complete are appended to the `groups` stream now (or filtered, with dynamic
+  sampling: the same decision as for any group; a member recovered from the gateway's finish reply has
+  no known reward, so its group is delivered).
 
 Exactly once: a GroupRecord is appended exactly once (ledger transaction); an episode's result is
 counted at most once (only the current attempt of a running member is settled; sessions of every
@@ -36,8 +38,11 @@ CONCURRENT_RECOVERIES = 256
 async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
     counters = Counters.from_meta(snapshot.meta)
     orch.counters.retried, orch.counters.ordinal = counters.retried, counters.ordinal
+    orch.counters.filter_streak = counters.filter_streak
+    orch.ledger.filtered_unreported = int(snapshot.meta.get("filtered_unreported", 0))
     orch.counters.cursors.update(counters.cursors)
     orch.counters.by_env.update(counters.by_env)
+    orch.counters.outcomes.update(counters.outcomes)
     for service in snapshot.services:
         orch.registry.restore(service)
         orch.scheduler.add_service(service, time.monotonic())
@@ -52,9 +57,7 @@ async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
     limit = asyncio.Semaphore(CONCURRENT_RECOVERIES)
     await asyncio.gather(*(_recover(orch, group, member, limit) for group, member in running))
     for group in [g for g in orch.groups.values() if g.complete]:
-        del orch.groups[group.group_id]
-        orch.counters.by_env[group.env]["groups"] += 1
-        orch.ledger.complete(group)
+        orch.complete_group(group)
     await orch.ledger.sync()
     log.info("restored %d services, %d open groups (%d episodes were running), %d groups done so far",
              len(snapshot.services), len(orch.groups), len(running), orch.counters.total("groups"))

@@ -15,6 +15,7 @@ import resource
 import signal
 
 from asyncrl.config import OrchestratorConfig
+from asyncrl.run_metrics import orchestrator_record
 from asyncrl.store import Store
 from orchestrator.core import Orchestrator
 from orchestrator.health import HealthMonitor
@@ -70,16 +71,13 @@ class Runtime:
         await self.lease.keep()
 
     async def _publish_metrics(self) -> None:
-        """A record in the run's metrics stream every few seconds (`asyncrl watch`, dashboards)."""
+        """A record in the run's metrics stream every few seconds (`asyncrl watch`, TensorBoard): the whole
+        status in the one `orchestrator` shape (asyncrl.run_metrics.orchestrator_record), totals, pause
+        reasons and every env's health, load and outcomes in each record."""
         while True:
             await asyncio.sleep(METRICS_INTERVAL_S)
-            status = self.orch.status()
-            values = {k: float(getattr(status, k)) for k in ("in_flight", "queued", "completed", "failed", "retried",
-                                                             "groups_completed", "episodes_per_s")}
-            values["dispatch_overhead_p99_ms"] = status.dispatch_overhead.p99_ms
-            values.update({f"outcome_{cls}": float(sum(reasons.values())) for cls, reasons in status.outcomes.items()})
             try:
-                await self.store.add_metrics("orchestrator", values)
+                await self.store.add_metrics("orchestrator", orchestrator_record(self.orch.status().model_dump()))
             except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down
                 log.warning("publishing metrics failed: %r", err)
 

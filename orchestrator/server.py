@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from asyncrl.config import OrchestratorConfig, SamplingConfig
+from asyncrl.config import DynamicSamplingConfig, OrchestratorConfig, SamplingConfig
 from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
                                             RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
 from asyncrl.service import install_error_handlers, parse_json_body, serve
@@ -111,6 +111,25 @@ def _ratios(text: str) -> dict[str, float]:
     return out
 
 
+def _turns(text: str) -> dict[str, int]:
+    """'swe=50,search=10' -> {'swe': 50, 'search': 10}"""
+    out = {}
+    for key, value in _ratios(text).items():
+        if not value.is_integer() or value < 1:
+            raise argparse.ArgumentTypeError(f"max turns of {key!r} must be a whole number >= 1, got {value:g}")
+        out[key] = int(value)
+    return out
+
+
+def _deadlines(text: str) -> dict[str, float]:
+    """'swe=1800,search=120' -> {'swe': 1800.0, 'search': 120.0}"""
+    out = _ratios(text)
+    for key, value in out.items():
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"the episode timeout of {key!r} must be > 0 seconds, got {value:g}")
+    return out
+
+
 def _sampling(text: str) -> SamplingConfig:
     try:
         return SamplingConfig(**json.loads(text))
@@ -141,9 +160,21 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     p.add_argument("--weights", type=_ratios, default={}, help="env or domain weights, e.g. swe=2,terminal=1,search=1")
     p.add_argument("--rate-limits", type=_ratios, default={}, help="episodes/s per env, e.g. swe=5")
+    p.add_argument("--max-turns-by-env", type=_turns, default={},
+                   help="max_turns of one env's episodes by env name or domain, e.g. swe=50,search=10")
+    p.add_argument("--episode-timeout-s-by-env", type=_deadlines, default={},
+                   help="deadline_s of one env's episodes by env name or domain, e.g. swe=1800")
     p.add_argument("--sampling", type=_sampling, default=SamplingConfig(),
                    help='the run\'s sampling config as JSON, every field of asyncrl.config.SamplingConfig '
                         '(missing ones keep their default), e.g. \'{"temperature": 0.7, "max_new_tokens": 64}\'')
+    ds = d.dynamic_sampling
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="filter complete groups whose rewards are all equal (DAPO); docs/orchestrator.md")
+    p.add_argument("--dynamic-sampling-std-tol", type=float, default=ds.std_tol,
+                   help="a group with reward std <= this is uninformative (default: exactly equal rewards)")
+    p.add_argument("--dynamic-sampling-max-filtered-batches", type=int, default=ds.max_filtered_batches,
+                   help="after this many x groups-per-step groups filtered in a row, deliver uninformative "
+                        "groups until an informative one comes (0: never)")
     p.add_argument("--model-name", default=d.model_name)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -153,7 +184,10 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
         gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
         sampling=a.sampling,
+        dynamic_sampling=DynamicSamplingConfig(enabled=a.dynamic_sampling, std_tol=a.dynamic_sampling_std_tol,
+                                               max_filtered_batches=a.dynamic_sampling_max_filtered_batches),
         domain_weights=a.weights, rate_limits=a.rate_limits, staleness_limit=a.staleness_limit, max_groups=a.max_groups,
+        max_turns_by_env=a.max_turns_by_env, episode_timeout_s_by_env=a.episode_timeout_s_by_env,
         **{k: getattr(a, k) for k in ("max_in_flight", "group_size", "max_attempts", "max_turns", "seed",
                                        "max_unconsumed_groups", "groups_per_step", "heartbeat_interval_s",
                                        "heartbeat_timeout_s", "episode_timeout_s", "request_grace_s",

@@ -137,9 +137,10 @@ class EngineGroup:
 
         return ray.get([a.url.remote() for a in self.actors], timeout=timeout_s)
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 15.0, timeout_s: float = 60.0) -> None:
+        """Every engine process SIGTERMed (killed after `grace_s`), its actor then killed; at most `timeout_s`."""
         import ray
 
-        ray.get([a.shutdown.remote() for a in self.actors], timeout=60)
+        ray.wait([a.shutdown.remote(grace_s) for a in self.actors], num_returns=len(self.actors), timeout=timeout_s)
         for actor in self.actors:
             ray.kill(actor, no_restart=True)

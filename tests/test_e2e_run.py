@@ -73,6 +73,9 @@ def test_tiny_demo_learns_under_async_grpo(tmp_path):
     before, after = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert after > before + 0.05, (before, after)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    board = subprocess.run([str(Path(sys.executable).parent / "tensorboard"), "--inspect", "--logdir",
+                            str(run_dir / "tensorboard")], capture_output=True, text=True, timeout=120)
+    assert "rollout/reward_mean" in board.stdout + board.stderr  # the README's tensorboard command reads them
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ class SlowlyRestartingTrainer:
     """Exits in its first run; its next incarnation takes RESTART_DELAY_S to start (a loaded machine)."""
 
     def __init__(self, cfg, model, redis_url: str, run: str, run_dir: str, seed: int = 0,
-                 retention_groups: int = 10_000) -> None:
+                 retention_groups: int = 10_000, log_file=None) -> None:
         self.died = Path(run_dir) / "died"
         if self.died.exists():
             time.sleep(RESTART_DELAY_S)

@@ -1,62 +1,86 @@
-"""`ray job submit ... -- python -m asyncrl.train experiment=...` against a real local Ray head."""
+"""The README's Ray block, copied from the README and run as written (bash, the venv's tools on PATH;
+the submit again after "No available agent", as the README says),
+on a machine without ~/.ray/auth_token and on one that has it (the first run left one, as a local
+`ray.init` does): the head starts, `ray job submit` runs the tiny demo and it finishes."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
-import httpx
+import psutil
 import pytest
 
-from tests.services import ROOT, free_port
+from tests.services import ROOT
 
 BIN = Path(sys.executable).parent
-RAY = str(BIN / "ray")
-# As in a shell with the venv activated: the job's `python` is the venv's. Ray 2.60 turns token auth on
-# for a head when ~/.ray/auth_token exists (any local ray.init writes one), but its job CLI sends the
-# token only when told to: say so explicitly, on both sides (README, "Runs under Ray").
-ENV = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]), "RAY_AUTH_MODE": "token"}
+JOB_OVERRIDES = "name=readme_ray total_steps=2 warmup.steps=5"
+"""Appended to the block's `asyncrl.train` command: the same job, short."""
 
 
-@pytest.fixture
-def ray_head(tmp_path):
-    gcs, dashboard = free_port(), free_port()
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={dashboard}", "--num-cpus=2", "--include-dashboard=true",
-                             "--disable-usage-stats"], stdout=open(tmp_path / "head.log", "wb"),
-                            stderr=subprocess.STDOUT, cwd=tmp_path, env=ENV)
-    url = f"http://127.0.0.1:{dashboard}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+def readme_ray_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("Under a Ray cluster"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    assert "ray job submit" in block and "ray start --head" in block
+    return block.replace("experiment=tiny_demo\n", f"experiment=tiny_demo {JOB_OVERRIDES}\n")
+
+
+def stop_tagged(tag: str) -> None:
+    """Stop what the block started (the head and the job's processes): every process carrying our tag in
+    its environment. By tag, not by name: `ray stop` would stop every Ray on the machine."""
+    tagged = []
+    for proc in psutil.process_iter():
         try:
-            if httpx.get(f"{url}/api/version", timeout=2).status_code < 500:  # 401 with token auth: up
+            if proc.environ().get("ASYNCRL_TEST_TAG") == tag:
+                tagged.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    for proc in tagged:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(tagged, timeout=20)
+    for proc in alive:
+        proc.kill()
+
+
+def run_block(home: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    tag = uuid.uuid4().hex
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "HOME": str(home),
+           "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]), "ASYNCRL_TEST_TAG": tag}
+    block = readme_ray_block()
+    setup, submit = block[:block.index("ray job submit")], block[block.index("ray job submit"):]
+    try:
+        job = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)
+        for _ in range(20):  # what the README says to do about a head whose job agent is not up yet
+            if job.returncode == 0 or "No available agent" not in job.stdout + job.stderr:
                 break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-        assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
-    else:
-        pytest.fail("the Ray dashboard did not come up")
-    yield url
-    head.terminate()  # --block: SIGTERM stops the processes this head started
-    head.wait(60)
+            time.sleep(3)
+            job = subprocess.run(["bash", "-euo", "pipefail", "-c", setup.split("ray start")[0] + submit],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        return job
+    finally:
+        stop_tagged(tag)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_ray_job_submit_runs_the_tiny_demo(ray_head, tmp_path):
-    run_dir = tmp_path / "run"
-    for _ in range(30):  # the head answers before its job agent does ("No available agent")
-        job = subprocess.run(
-            [RAY, "job", "submit", "--address", ray_head, "--working-dir", ".", "--",
-             "python", "-m", "asyncrl.train", "experiment=tiny_demo", "name=job_smoke", "total_steps=3",
-             "warmup.steps=5", f"run_dir={run_dir}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=540, env=ENV)
+@pytest.mark.timeout(1300)
+def test_the_readme_ray_block_runs_as_written_with_and_without_a_token(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    for case in ("no token yet", "token present"):
+        assert (home / ".ray" / "auth_token").exists() == (case == "token present")
+        job = run_block(home, tmp_path)
         output = job.stdout + job.stderr
-        if "No available agent" not in output:
-            break
-        time.sleep(2)
-    assert job.returncode == 0, output[-5000:]
-    assert "run job_smoke finished 3 steps" in output
-    assert "succeeded" in output.lower()
-    assert (run_dir / "checkpoints").is_dir() and any((run_dir / "tensorboard").iterdir())
+        assert job.returncode == 0, f"{case}: {output[-5000:]}"
+        assert "run readme_ray: 2/2 steps" in output and "succeeded" in output.lower(), output[-3000:]
+        run_dir = home / "asyncrl" / "runs" / "readme_ray"  # a Ray job's relative run_dir: $ASYNCRL_HOME
+        assert (run_dir / "summary.json").exists() and any((run_dir / "tensorboard").iterdir())
+        time.sleep(1)

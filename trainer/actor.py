@@ -12,6 +12,8 @@ Hooks for the launcher (issue 8):
   repeat. `trainer.state.weight_version` and the `weights` hash's `served_version` tell it when the
   engines serve new weights.
 * `request_stop()` (also SIGTERM in trainer.run): finish the running step, checkpoint, acknowledge, return.
+* `resumed_from()`: the step of the checkpoint it resumed from (0: a fresh start), which the launcher announces.
+* at `total_steps`, `export_final()` writes the weights in HF format to <run_dir>/final.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ from pathlib import Path
 from typing import Optional
 
 from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.model.io import save_tensors
 from asyncrl.store import Store
+from trainer.atomic_dir import write_atomically
 from trainer.backends.base import TrainerBackend, make_backend
 from trainer.checkpoint import CheckpointManager
 from trainer.data import GroupLoader, StepBatch
+from trainer.metrics import TrainerMetrics, serve_metrics
 from trainer.weight_push import PushReport, WeightSync
 
 log = logging.getLogger("trainer")
+
+METRICS_KEY = "trainer_metrics"
+"""The `services` hash field holding the trainer's metrics URL."""
 
 CONSUMER = "trainer-0"
 """The loader's consumer name: the same after a restart, so the restarted trainer gets its own
@@ -38,14 +46,20 @@ unacknowledged groups back first (Store.read_groups)."""
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model: ModelSection, redis_url: str, run: str, run_dir: str,
-                 seed: int = 0, backend: Optional[TrainerBackend] = None, retention_groups: int = 10_000) -> None:
-        """`retention_groups`: the run's `redis.retention_groups` (acknowledging trims past it)."""
+                 seed: int = 0, backend: Optional[TrainerBackend] = None, retention_groups: int = 10_000,
+                 log_file: Optional[str] = None) -> None:
+        """`retention_groups`: the run's `redis.retention_groups` (acknowledging trims past it). `log_file`:
+        also log there (the launcher's <run_dir>/trainer.log; a Ray actor's own log is in Ray's session dir)."""
+        if log_file:
+            _log_to(Path(log_file))
         self.cfg = cfg
+        self.run_dir = Path(run_dir)
         self.backend = backend or make_backend(cfg, model, seed)
         self.store = Store.connect(redis_url, run, retention_groups=retention_groups, retry_s=cfg.redis_retry_s)
         self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", cfg.keep_checkpoints)
         self.weights = WeightSync(cfg.weight_push, self.store, Path(run_dir) / "weights")
         self.state = self.checkpoints.restore(self.backend)
+        self.restored_step = self.state.step
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "trainer.pid").write_text(str(os.getpid()))  # for operators and tests
         self.loader = GroupLoader(self.store, CONSUMER, cfg, trained_stream_ids=self.state.trained_stream_ids)
@@ -53,6 +67,12 @@ class Trainer:
         """Trained batches whose groups wait for the next checkpoint to be acknowledged."""
         self.stopping = asyncio.Event()
         self._synced = False
+        self.prometheus = TrainerMetrics(lambda: self.state.step, lambda: self.state.weight_version)
+        """Updated after every step (trainer/loop.py); served at `metrics_url`/metrics."""
+        self.metrics_server = serve_metrics(self.prometheus, lambda: {"step": self.state.step,
+                                                                      "weight_version": self.state.weight_version},
+                                            cfg.metrics_host, cfg.metrics_port)
+        self.metrics_url = self.metrics_server.url if self.metrics_server else None
 
     # The loop (trainer/loop.py) ----------------------------------------------------------------------
     async def run(self, total_steps: int) -> None:
@@ -78,11 +98,17 @@ class Trainer:
         if self._synced:
             return
         self._synced = True
+        await self.announce()
         served = (await self.store.weights()).served_version
         if served != self.state.weight_version:
             log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", served,
                      self.state.weight_version)
             await self.push_weights(max(served, self.state.weight_version) + 1, reset_optimizer=False)
+
+    async def announce(self) -> None:
+        """Record where this trainer's /metrics is (`services` hash, key `trainer_metrics`)."""
+        if self.metrics_url:
+            await self.store.redis.hset(self.store.key("services"), METRICS_KEY, self.metrics_url)
 
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
         report = await self.weights.push(self.backend, version)
@@ -101,7 +127,41 @@ class Trainer:
             await self.loader.commit(batch)
         self.uncommitted.clear()
 
+    async def export_final(self) -> Path:
+        """The trained weights as an HF checkpoint at <run_dir>/final (what `asyncrl eval` and users load)."""
+        tensors = self.backend.hf_state_dict()
+        dtype = tensors["model.embed_tokens.weight"].dtype
+        path = await asyncio.to_thread(write_atomically, self.run_dir / "final",
+                                       lambda tmp: save_tensors(tensors, self.backend.hf_config(), tmp, dtype))
+        log.info("step %d: final weights (HF format) in %s", self.state.step, path)
+        return path
+
+    def resumed_from(self) -> int:
+        return self.restored_step
+
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+            try:  # unless a newer trainer has recorded its own URL meanwhile
+                key = self.store.key("services")
+                if await self.store.redis.hget(key, METRICS_KEY) == self.metrics_url.encode():
+                    await self.store.redis.hdel(key, METRICS_KEY)
+            except Exception as err:  # noqa: BLE001 - closing goes on without Redis
+                log.warning("could not remove the trainer's metrics URL from Redis: %r", err)
         await self.weights.close()
         self.backend.close()
         await self.store.close()
+
+
+def _log_to(path: Path) -> None:
+    """Add a file handler to the root logger (once per path: a restarted actor constructs anew)."""
+    root = logging.getLogger()
+    if any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call of every push otherwise

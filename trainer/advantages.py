@@ -76,6 +76,9 @@ class FilterStats:
     aborted: int = 0
     """Aborted samples must never reach the trainer; counted (and logged) if they do."""
     padding_copies: int = 0
+    groups_filtered: int = 0
+    """Groups the orchestrator's dynamic sampling filtered before these ones (equal rewards, never
+    appended: GroupRecord.filtered_before), i.e. the uninformative groups it took to fill the step."""
     failed_by_reason: Counter = field(default_factory=Counter)
     """(env, reason) -> failed members; reason "unknown" for samples recorded without one."""
 
@@ -136,7 +139,7 @@ def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, a
     kinds = [_classify(m, weight_version, staleness_tau) for m in found]
     valid = [m for m, kind in zip(found, kinds) if kind == "valid"]
     stats = FilterStats(failed=kinds.count("failed"), stale=kinds.count("stale"), aborted=kinds.count("aborted"),
-                        missing=max(size - len(found), 0))
+                        missing=max(size - len(found), 0), groups_filtered=group.record.filtered_before)
     for member, kind in zip(found, kinds):
         if kind == "failed":
             stats.count_failure(group.record.env, next(s for s in member if s.status == "failed"))

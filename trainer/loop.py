@@ -32,6 +32,8 @@ async def train(t: Trainer, total_steps: int) -> None:
         await rl_step(t, final=t.state.step + 1 == total_steps)
     if t.uncommitted:  # stopped early: make what was trained durable before returning
         await t.checkpoint_and_commit()
+    if t.state.step >= total_steps:
+        await t.export_final()
 
 
 async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]:
@@ -49,11 +51,16 @@ async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]
     push = None
     if state.step % cfg.weight_push.every_k_steps == 0:
         push = await t.push_weights(state.weight_version + 1)     # pause engines, transfer, continue
+    checkpoint_s = 0.0
     if state.step % cfg.checkpoint_every == 0 or final:
+        checkpoint_started = time.perf_counter()
         await t.checkpoint_and_commit()                            # durable, then XACK
+        checkpoint_s = time.perf_counter() - checkpoint_started
     metrics = step_metrics(batch, result, push, state.step, state.weight_version, waited, trained,
                            time.perf_counter() - started)
+    metrics["checkpoint_s"] = checkpoint_s
     await t.store.add_metrics("trainer", metrics)
+    t.prometheus.observe(metrics)
     return metrics
 
 

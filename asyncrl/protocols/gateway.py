@@ -2,15 +2,16 @@
 
 The sessions API is what the orchestrator calls: create a session per episode, hand its `base_url`
 to the env service, finish it with the reward. `SessionRecord` is the live token ledger (GET).
-`ChatCompletionRequest` is the subset of OpenAI's Chat Completions request the gateway honours;
-replies are OpenAI `chat.completion` / `chat.completion.chunk` objects built in gateway/openai_api.py.
+`ChatCompletionRequest` is OpenAI's Chat Completions request: every field is honoured or refused with a
+400 naming it, never ignored; replies are OpenAI `chat.completion` / `chat.completion.chunk` objects built
+in gateway/openai_api.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Any, Callable, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asyncrl.types import SAMPLE_STATUSES
 
@@ -143,26 +144,111 @@ class EnginesResponse(BaseModel):
     engines: list[EngineStatus]
 
 
+# Fields the gateway cannot honour -----------------------------------------------------------------
+def _empty(value: Any) -> bool:
+    return not value
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+def _refuse_unhonoured(model: type[BaseModel], data: Any, unhonoured: dict[str, tuple[Callable[[Any], bool], str]],
+                       what: str) -> Any:
+    """Before validation: a 400 naming every field of `data` the gateway would otherwise ignore: one of
+    `unhonoured` at a non-neutral value (with why), or one `model` does not declare (null is absence)."""
+    if not isinstance(data, dict):
+        return data
+    refused = [f"{name}={data[name]!r}: {why}" for name, (neutral, why) in unhonoured.items()
+               if data.get(name) is not None and not neutral(data[name])]
+    unknown = sorted(name for name, value in data.items()
+                     if value is not None and name not in model.model_fields and name not in unhonoured)
+    if unknown:
+        refused.append(f"{', '.join(map(repr, unknown))}: unknown {what} field; the gateway refuses what it cannot "
+                       f"honour rather than ignore it (known: {', '.join(sorted(model.model_fields))})")
+    if refused:
+        raise ValueError("; ".join(refused))
+    return data
+
+
 # Token-native turn ------------------------------------------------------------------------------
+TOKEN_NATIVE_UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "text": (_absent, "the token-native endpoint takes input_ids (POST .../v1/chat/completions renders text)"),
+    "rid": (_absent, "the gateway names engine requests itself (an id derived from the session would leak it)"),
+    "logprob_start_len": (lambda v: v == -1, "prompt log-probs are not returned"),
+    "return_routed_experts": (_empty, "routed experts are stored with the sample when the gateway runs with "
+                                      "--routing-replay; the reply does not carry them"),
+    "return_hidden_states": (_empty, "hidden states are not returned"),
+}
+"""SGLang /generate fields the gateway refuses at any value but their neutral one (field -> neutral?, why)."""
+
+
 class SessionGenerateRequest(_Lenient):
     """POST /sessions/{sid}/generate: engine /generate shape; input_ids are appended to the history."""
 
     input_ids: list[int] = Field(min_length=0)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
-    """SGLang sampling params; the chat template's stop tokens are not added (token-native callers decide)."""
+    """SGLang sampling params; the chat template's stop tokens are not added (token-native callers decide).
+    gateway/sampling.py checks them (check_sampling: unknown, reshaping and, by policy, truncating ones)."""
     return_logprob: bool = True
+    top_logprobs_num: int = Field(0, ge=0, le=20)
+    """meta_info.output_top_logprobs: the top alternatives of each output token (return_logprob needed)."""
+    return_text_in_logprobs: bool = False
+    """Log-prob entries carry their token's text ([logprob, id, text]) instead of None."""
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _honoured_or_refused(cls, data: Any) -> Any:
+        return _refuse_unhonoured(cls, data, TOKEN_NATIVE_UNHONOURED, "token-native /generate")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "SessionGenerateRequest":
+        if self.top_logprobs_num and not self.return_logprob:
+            raise ValueError(f"top_logprobs_num={self.top_logprobs_num}: needs return_logprob=true")
+        return self
 
 
 # OpenAI Chat Completions (request) ---------------------------------------------------------------
+_ONE_USER = "the gateway keeps no per-user records (the session id identifies the episode)"
+CHAT_UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "functions": (_empty, "deprecated function calling: send tools"),
+    "function_call": (_absent, "deprecated function calling: send tool_choice"),
+    "audio": (_empty, "the model writes text only"),
+    "modalities": (lambda v: v == ["text"] or not v, "the model writes text only"),
+    "prediction": (_empty, "predicted outputs are not implemented"),
+    "reasoning_effort": (_absent, "GLM's thinking is on or off per gateway (--no-thinking), not graded per request"),
+    "verbosity": (_absent, "the model has no verbosity control"),
+    "web_search_options": (_absent, "the gateway has no web search"),
+    "store": (_empty, "the gateway stores no completions for retrieval (the session record is GET /sessions/{sid})"),
+    "metadata": (_empty, "metadata tags stored completions, and the gateway stores none (episode metadata goes "
+                         "into POST /sessions)"),
+    "service_tier": (lambda v: v in ("auto", "default"), "the gateway has one service tier"),
+    "prompt_cache_key": (_absent, "the gateway routes every turn of a session to the engine holding its prefix"),
+    "prompt_cache_retention": (_absent, "the engines' prefix caches are not controlled per request"),
+    "user": (_absent, _ONE_USER),
+    "safety_identifier": (_absent, _ONE_USER),
+}
+"""OpenAI request fields the gateway refuses at any value but their neutral one (field -> neutral?, why).
+Fields that change the sampling distribution (penalties, logit_bias, response_format) are declared below
+and refused by the sampling policy (gateway/sampling.py), so that token-native turns get the same answer."""
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
 class ChatCompletionRequest(_Lenient):
-    """The fields of OpenAI's request the gateway honours; others (penalties, user, ...) are ignored."""
+    """OpenAI's Chat Completions request. Every field a client sends is honoured or refused with a 400
+    naming it (docs/gateway.md has the table): unknown fields and CHAT_UNHONOURED ones here, the
+    distribution-changing ones by check_sampling."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     model: Optional[str] = None
+    """Any name: a session serves its run's policy (GET /v1/models lists the name it answers with)."""
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    """Accepted; the model decides (GLM renders tools the same way for every choice)."""
+    """none | auto | required | {"type": "function", "function": {"name": ...}} (gateway/openai_api.ToolPlan)."""
+    parallel_tool_calls: Optional[bool] = None
+    """false: the reply ends after its first tool call (the call's </tool_call> is a stop token)."""
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
@@ -178,6 +264,17 @@ class ChatCompletionRequest(_Lenient):
     stream_options: Optional[dict[str, Any]] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    """Extension (SGLang's / vLLM's)."""
+    logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _honoured_or_refused(cls, data: Any) -> Any:
+        return _refuse_unhonoured(cls, data, CHAT_UNHONOURED, "OpenAI Chat Completions")
 
     @field_validator("n")
     @classmethod
@@ -193,6 +290,50 @@ class ChatCompletionRequest(_Lenient):
             if message.get("role") not in CHAT_ROLES:
                 raise ValueError(f"messages[{i}].role {message.get('role')!r} is not one of {sorted(CHAT_ROLES)}")
         return messages
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, options: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        unknown = sorted(set(options or {}) - {"include_usage", "include_obfuscation"})
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: the gateway honours include_usage only")
+        if (options or {}).get("include_obfuscation"):
+            raise ValueError("include_obfuscation=true: the gateway does not pad chunks (it serves no browser)")
+        return options
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatCompletionRequest":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream=true (as OpenAI answers)")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs}: needs logprobs=true")
+        self._check_tool_choice()
+        return self
+
+    def _check_tool_choice(self) -> None:
+        choice = self.tool_choice
+        if choice is None or choice in ("none", "auto"):
+            return
+        if isinstance(choice, str) and choice != "required":
+            raise ValueError(f"tool_choice={choice!r}: one of {', '.join(TOOL_CHOICES)} or "
+                             "{'type': 'function', 'function': {'name': ...}}")
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(function, dict) or not isinstance(
+                    function.get("name"), str) or set(choice) - {"type", "function"}:
+                raise ValueError(f"tool_choice={choice!r}: the gateway honours a named function only, "
+                                 "{'type': 'function', 'function': {'name': ...}} (not allowed_tools or custom tools)")
+        specs = [tool.get("function", tool) if isinstance(tool, dict) else {} for tool in self.tools or []]
+        names = [spec.get("name") for spec in specs if isinstance(spec, dict)]
+        if not names:
+            raise ValueError(f"tool_choice={choice!r}: needs tools")
+        if isinstance(choice, dict) and choice["function"]["name"] not in names:
+            raise ValueError(f"tool_choice names {choice['function']['name']!r}, which is not among the tools {names}")
+
+    @property
+    def forced_tool(self) -> Optional[str]:
+        """The function tool_choice names, if it names one."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
 
     @property
     def stop_strings(self) -> list[str]:

@@ -82,6 +82,13 @@ class EnvStatus(BaseModel):
     failed: int
     """Episodes given up after max_attempts."""
     groups_completed: int
+    """Groups appended to the `groups` stream (passed and unusable ones included, filtered ones not)."""
+    groups_filtered: int = 0
+    """Complete groups dynamic sampling filtered (equal rewards): not appended, their samples deleted."""
+    groups_passed: int = 0
+    """Groups with equal rewards appended anyway by dynamic sampling's guard (max_filtered_batches)."""
+    groups_unusable: int = 0
+    """Appended groups with half or fewer members done: the trainer's group rule drops them."""
     healthy_services: int
     weight: float
     """Effective dispatch weight (config by name, else by domain, else the registered weight)."""
@@ -119,6 +126,15 @@ class StatusResponse(BaseModel):
     groups_recorded: int
     """Complete groups whose GroupRecord is durable in the `groups` stream (what the trainer can read)."""
     groups_open: int
+    groups_filtered: int = 0
+    groups_passed: int = 0
+    groups_unusable: int = 0
+    """EnvStatus's, summed over the envs."""
+    filtered_fraction: float = 0.0
+    """Of the latest complete groups (64, or 4 x groups_per_step), the fraction dynamic sampling filtered."""
+    filter_streak: int = 0
+    """Groups filtered since the last informative group was appended (its guard passes groups at
+    max_filtered_batches x groups_per_step)."""
     episodes_per_s: float
     """Finished episodes per second over the last `rate_window_s`."""
     weight_version: Optional[int]

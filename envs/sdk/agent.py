@@ -8,13 +8,15 @@
 
 ASK sends the conversation and the tool schemas to the model; ACT executes each tool call and
 appends its observation as a `role: "tool"` message. Mistakes of the agent (unknown tool, arguments
-that are not JSON or miss a field) become observations it can react to; exceptions raised by a tool
-itself mean the environment broke and propagate (the episode is reported failed). OUT_OF_TURNS and
+that are not JSON, or that do not fit the tool's parameters: envs/sdk/param.py) become observations
+it can react to, and the tool is not called; exceptions raised by a tool itself mean the environment
+broke and propagate (the episode is reported failed). OUT_OF_TURNS and
 OUT_OF_TOKENS are the model's doing: `LoopOutcome.status` / `.reason` report them as truncated.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,6 +24,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Union
 
 from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, EpisodeStatus
 from envs.sdk.base import EpisodeContext
+from envs.sdk.param import check_arguments, schema
+
+__all__ = ["AgentLoop", "LoopOutcome", "Phase", "Tool", "ToolResult", "schema"]
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -39,9 +44,14 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
-    """JSON schema of the arguments object (type object, properties, required)."""
+    """JSON schema of the arguments object (type object, properties, required): `schema(...)`."""
     run: Callable[..., Awaitable[Union[str, ToolResult]]]
-    """Called with the parsed arguments as keyword arguments."""
+    """Called with the checked arguments as keyword arguments (defaults filled in)."""
+
+    def __post_init__(self) -> None:
+        problem = _signature_problem(self.run, self.parameters)
+        if problem:
+            raise ValueError(f"tool {self.name!r}: {problem}")
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function",
@@ -79,13 +89,6 @@ class LoopOutcome:
     def status(self) -> EpisodeStatus:
         """completed, or truncated when the model ran out of turns or tokens."""
         return OUTCOMES[self.reason][1]
-
-
-def schema(properties: dict[str, str], required: Optional[list[str]] = None) -> dict[str, Any]:
-    """A JSON schema for string-typed tool arguments: {name: description}; all required by default."""
-    return {"type": "object",
-            "properties": {name: {"type": "string", "description": desc} for name, desc in properties.items()},
-            "required": list(properties) if required is None else required}
 
 
 class AgentLoop:
@@ -140,9 +143,9 @@ class AgentLoop:
             args = json.loads(arguments or "{}")
         except json.JSONDecodeError as err:
             return ToolResult(f"error: the arguments of {name} are not valid JSON ({err})")
-        problem = _argument_problem(tool.parameters, args)
-        if problem:
-            return ToolResult(f"error: {name}: {problem}")
+        args, problems = check_arguments(tool.parameters, args)
+        if problems:
+            return ToolResult(f"error: {name}: {'; '.join(problems)}")
         result = await tool.run(**args)
         return result if isinstance(result, ToolResult) else ToolResult(result)
 
@@ -151,16 +154,25 @@ class AgentLoop:
         return text if len(text) <= cap else text[:cap] + f"\n[... {len(text) - cap} more characters cut]"
 
 
-def _argument_problem(parameters: dict[str, Any], args: Any) -> Optional[str]:
-    if not isinstance(args, dict):
-        return "arguments must be a JSON object"
-    properties = parameters.get("properties", {})
-    missing = [k for k in parameters.get("required", []) if k not in args]
-    unknown = [k for k in args if k not in properties]
-    wrong = [k for k, spec in properties.items() if k in args and spec.get("type") == "string"
-             and not isinstance(args[k], str)]
-    if missing or unknown or wrong:
-        return "; ".join(filter(None, [missing and f"missing argument(s) {missing}",
-                                       unknown and f"unknown argument(s) {unknown}",
-                                       wrong and f"argument(s) {wrong} must be strings"]))
+def _signature_problem(run: Callable[..., Any], parameters: dict[str, Any]) -> Optional[str]:
+    """What makes valid arguments crash the call: a property `run` does not accept, or a parameter of
+    `run` without a default that the schema lets the model leave out."""
+    try:
+        signature = inspect.signature(run)
+    except (TypeError, ValueError):  # not introspectable (a builtin, a C callable): trust it
+        return None
+    accepted = {n: p for n, p in signature.parameters.items()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    properties = parameters.get("properties", {}) or {}
+    required = set(parameters.get("required", []) or [])
+    not_accepted = [n for n in properties if n not in accepted and not takes_any]
+    if not_accepted:
+        return f"the function does not take the argument(s) {not_accepted} its parameters declare"
+    unfilled = [n for n, p in accepted.items() if p.default is p.empty and n not in required
+                and not (isinstance(properties.get(n), dict) and "default" in properties[n])]
+    if unfilled:
+        return (f"the function needs the argument(s) {unfilled}, which its parameters "
+                f"{'make optional' if all(n in properties for n in unfilled) else 'do not declare'}; "
+                "give them a default in the function or make them required")
     return None

@@ -64,7 +64,10 @@ class Environment(ABC):
     """
 
     name: ClassVar[str]
+    """Default service name (`--name` / the run config's key override it); unset: the class name."""
     domain: ClassVar[str]
+    """Default domain (orchestrator weights can be set per domain; `--domain` overrides it); unset: the
+    service name."""
     version: ClassVar[str] = "1"
     requires_sandbox: ClassVar[bool] = False
     """True when episodes execute agent-controlled code: the service then refuses to start without

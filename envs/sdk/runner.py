@@ -133,7 +133,7 @@ class EpisodeRunner:
             self.metrics.in_flight.set(len(self._running))
         elapsed = time.monotonic() - started
         self.metrics.finished(result.reason, result.reward, counter.turns, elapsed)
-        log.info("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
+        log.debug("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
                  req.task_id, result.status.value, result.reason.value, result.reward, counter.turns, elapsed)
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
                                status=result.status, reason=result.reason, num_turns=counter.turns,

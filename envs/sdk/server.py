@@ -21,7 +21,7 @@ from envs.sdk.app import create_app
 from envs.sdk.base import Environment
 from envs.sdk.metrics import ServiceMetrics
 from asyncrl.protocols.orchestrator import RegisterRequest
-from envs.sdk.registration import Registrar
+from envs.sdk.registration import DEFAULT_GONE_AFTER_S, Registrar
 from envs.sdk.runner import EpisodeRunner
 from envs.sdk.sandbox import SandboxBackend, SandboxConfig, SandboxUnavailable, make_sandbox_backend
 
@@ -31,9 +31,9 @@ log = logging.getLogger("envs.server")
 @dataclass
 class ServiceConfig:
     name: Optional[str] = None
-    """Service name in the orchestrator's rotation; None = the env class's `name`."""
+    """Service name in the orchestrator's rotation; None = the env class's `name` (else the class name)."""
     domain: Optional[str] = None
-    """None = the env class's `domain`."""
+    """None = the env class's `domain`, else the service name: never empty."""
     capacity: int = 64
     """Episodes run concurrently; one more is answered 429."""
     weight: float = 1.0
@@ -46,6 +46,9 @@ class ServiceConfig:
     orchestrator_url: Optional[str] = None
     """Register with this orchestrator and heartbeat to it; None = an operator registers the service."""
     orchestrator_token: Optional[str] = None
+    orchestrator_gone_s: Optional[float] = DEFAULT_GONE_AFTER_S
+    """No accepted registration or heartbeat for this long: the orchestrator is gone, the service stops
+    (`gone` is set; envs.serve exits 3). None: wait for it forever."""
     drain_grace_s: float = 30.0
     """On shutdown, running episodes get this long to finish before they are aborted."""
     llm_max_retries: int = 1
@@ -57,8 +60,8 @@ class EnvService:
     def __init__(self, env: Environment, config: ServiceConfig):
         self.env = env
         self.config = config
-        self.name = config.name or env.name
-        self.domain = config.domain or env.domain
+        self.name = config.name or getattr(env, "name", None) or type(env).__name__
+        self.domain = config.domain or getattr(env, "domain", None) or self.name
         self.url: Optional[str] = None
         self.sandboxes: Optional[SandboxBackend] = None
         self.registrar: Optional[Registrar] = None
@@ -120,7 +123,7 @@ class EnvService:
         registration = RegisterRequest(name=self.name, domain=self.domain, url=self.url,
                                        capacity=self.config.capacity, weight=self.config.weight)
         self.registrar = Registrar(self.config.orchestrator_url, registration, lambda: self.runner.in_flight,
-                                   token=self.config.orchestrator_token)
+                                   token=self.config.orchestrator_token, gone_after_s=self.config.orchestrator_gone_s)
         self.registrar.start()
 
 

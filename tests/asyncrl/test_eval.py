@@ -92,6 +92,9 @@ class FakeServices:
 
         body = json.loads(request.content) if request.content else {}
         path = request.url.path
+        if path == "/info":
+            return httpx.Response(200, json={"name": "fake", "domain": "toy", "capacity": 3, "num_tasks": 2,
+                                             "version": "1"})
         if path == "/tasks":
             assert request.url.params["split"] == "eval"
             return httpx.Response(200, json={"task_ids": list(self.script), "total": len(self.script), "split": "eval"})
@@ -106,6 +109,7 @@ class FakeServices:
             self.finished[sid] = body["status"]
             return httpx.Response(200, json={"session_id": sid, "status": body["status"], "sample_refs": []})
         assert path == "/episodes" and body["llm"]["sampling"]["temperature"] == 0.5
+        assert (body["max_turns"], body["deadline_s"]) == (3, 600.0)  # the env's domain's limit, the run's deadline
         self.episodes.append(body["episode_id"])
         member, attempt = (int(x[1:]) for x in body["episode_id"].split("-")[2:])
         outcome = self.script[body["task_id"]][member]
@@ -125,7 +129,8 @@ def test_driver_retries_like_the_orchestrator_and_scores_what_the_model_did():
     from asyncrl.evaluate import Driver, EvalSpec
     import asyncio
 
-    cfg = compose(["experiment=tiny_demo", "rollout.sampling.temperature=0.5", "orchestrator.max_attempts=2"])
+    cfg = compose(["experiment=tiny_demo", "rollout.sampling.temperature=0.5", "orchestrator.max_attempts=2",
+                   "+orchestrator.max_turns_by_env={toy: 3}"])
     script = {"t-a": [1.0, 0.0, "flaky", "refuse"], "t-b": [0.0, "fail", 0.0, 1.0]}
     fake = FakeServices(script)
     spec = EvalSpec(env=EnvServiceConfig(name="fake", target="x.Y"), samples=4, ks=[1, 4])

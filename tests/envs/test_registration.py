@@ -99,3 +99,30 @@ async def test_wrong_token_is_reported_not_retried(orchestrator, caplog):
     await registrar.stop()
     assert len(orchestrator.registrations()) == 1 and registrar.env_id is None
     assert "rejected the registration: 401" in caplog.text
+
+
+async def test_heartbeats_and_episodes_are_logged_at_debug_only(orchestrator, scripted_llm, tmp_path, monkeypatch):
+    """At INFO a service logs its start, its registration and its stop, not every heartbeat (httpx's
+    request lines included) or every episode: that was ~470 KB in two minutes."""
+    monkeypatch.setenv("ASYNCRL_ORCHESTRATOR_TOKEN", TOKEN)
+    quiet, verbose = (ServiceProcess("envs.tasks.ArithmeticEnv", tmp_path, "--orchestrator", orchestrator.url,
+                                     *level).spawn() for level in ((), ("--log-level", "DEBUG")))
+    try:
+        for service in (quiet, verbose):
+            service.wait_ready()
+        orchestrator.wait_for(lambda: len(orchestrator.of("POST", "/heartbeat")) >= 40)  # 20+ beats each
+        answer = ArithmeticEnv().problem("arith-00000").answers[0]
+        async with httpx.AsyncClient() as client:
+            for service in (quiet, verbose):
+                for _ in range(3):
+                    url, _ = scripted_llm.script(say(answer))
+                    assert (await run_episode(client, service.url, "arith-00000", url))["reward"] == 1.0
+    finally:
+        assert quiet.stop() == 0 and verbose.stop() == 0
+    quiet_log, verbose_log = (service.log_path.read_text() for service in (quiet, verbose))
+    assert "registered name=arithmetic" in quiet_log and "env arithmetic stopped" in quiet_log
+    for noise in ("heartbeat env_id", "/heartbeat", "HTTP Request", "episode="):
+        assert noise not in quiet_log, quiet_log
+        assert noise in verbose_log  # the same lines exist, one level down
+    assert len(quiet_log.splitlines()) <= 20, quiet_log
+    assert verbose_log.count("DEBUG envs.registration heartbeat") >= 20

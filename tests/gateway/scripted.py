@@ -7,6 +7,7 @@ embeddings, and lm_head maps each chain token to its successor with a logit marg
 the generation prompt `<|assistant|><think>` the model therefore says REPLY (reasoning, content,
 one `bash` tool call) and stops with <|observation|>, at temperature 0 and, with probability
 ~1 - 1e-10 per token, at temperature 1 too. Its log-probs are still real model log-probs.
+REPLY's reasoning and content each hold a character split over several byte tokens.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
-REASONING = "Run ls."
-CONTENT = "Listing:"
+REASONING = "Run ls\u2192."
+CONTENT = "Listing \u00e9:"
+"""Both hold a character the tiny tokenizer splits into byte tokens (-> three, e two): a stream sees partial
+UTF-8 characters mid-reply, as byte-level BPE models produce them."""
 COMMAND = "ls"
 REPLY = {"role": "assistant", "content": CONTENT, "reasoning_content": REASONING,
          "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": COMMAND}}}]}

@@ -73,7 +73,7 @@ async def test_killing_an_engine_mid_turn_loses_nothing(pair, pair_gateway, rand
     [sample] = await store.get_samples(finished["sample_refs"])
     assert sample.engines == [spare_engine.url, random_engine.url] and sample.num_turns == 3
     metrics = (await pair.http.get("/metrics")).text
-    assert f'gateway_engine_errors_total{{engine="{spare_engine.url}"}} 1.0' in metrics
+    assert f'asyncrl_gateway_engine_errors_total{{engine="{spare_engine.url}"}} 1.0' in metrics
 
 
 async def test_engine_set_is_replaceable_at_runtime(pair, random_engine, spare_engine):
@@ -100,7 +100,7 @@ async def test_client_disconnect_aborts_the_engine_request(pair, random_engine):
         else:
             raise AssertionError(f"engine still busy after the client left: {loads}")
     assert (await pair.record(sid))["segments"] == []  # the turn was not committed
-    assert "gateway_client_disconnects_total 1.0" in (await pair.http.get("/metrics")).text
+    assert "asyncrl_gateway_client_disconnects_total 1.0" in (await pair.http.get("/metrics")).text
 
 
 async def test_finish_is_idempotent_and_abort_records_nothing(pair, store):

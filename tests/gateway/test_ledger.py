@@ -5,7 +5,7 @@ import pytest
 from asyncrl.protocols.gateway import ChatCompletionRequest, CreateSessionRequest
 from gateway.openai_api import ChatReply
 from gateway.session import EngineCall, PrefixInvariantError, Session
-from tests.gateway.scripted import TOOLS, reply_ids
+from tests.gateway.scripted import CONTENT, TOOLS, reply_ids
 
 
 def say(template, session, messages, output_ids, tools=None, version=3):
@@ -57,7 +57,7 @@ def test_streamed_deltas_add_up_to_the_message_and_hold_back_tool_calls(template
         assert all("tool_calls" not in d for d in step) or n == len(output)
         deltas += step
     message = reply.message(output)
-    assert "".join(d.get("content", "") for d in deltas) == message["content"] == "Listing:"
+    assert "".join(d.get("content", "") for d in deltas) == message["content"] == CONTENT
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
     [calls] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
     assert [c["function"] for c in calls] == [c["function"] for c in message["tool_calls"]]

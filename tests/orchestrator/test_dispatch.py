@@ -36,8 +36,8 @@ async def test_groups_are_dispatched_together_and_recorded_once(orchestrators, e
         assert len({m["seed"] for m in members}) == 4  # one task, four different episode seeds
     assert len({e["pid"] for e in starts_by_episode(journal(journal_dir, run_name)).values()}) == 2
     metrics = orch.http.get("/metrics").text
-    assert 'asyncrl_orch_episodes_total{env="timed",status="completed"} 24.0' in metrics
-    assert 'asyncrl_orch_groups_completed_total{env="timed"} 6.0' in metrics
+    assert 'asyncrl_orchestrator_episodes_total{env="timed",status="completed"} 24.0' in metrics
+    assert 'asyncrl_orchestrator_groups_completed_total{env="timed"} 6.0' in metrics
 
 
 async def test_task_order_follows_the_seed(orchestrators, env_pool, redis_server, run_name):
@@ -113,6 +113,24 @@ async def test_unconsumed_groups_hold_new_groups_until_the_trainer_reads(orchest
         taken = await store.read_groups("trainer-0", count=held["groups_completed"])
         await store.ack_groups(taken)
         orch.wait(lambda s: s["groups_completed"] > held["groups_completed"], what="dispatch after consumption")
+    finally:
+        await store.close()
+
+
+async def test_a_restarted_orchestrator_counts_only_unread_groups_against_the_limit(orchestrators, env_pool,
+                                                                                    redis_server, run_name):
+    """A re-run (or a crash restart) restores the run's group total from the ledger; the limit must
+    still count only groups the trainer has not read, or a resumed run holds new groups for good."""
+    first = orchestrators("--group-size", "2", "--max-unconsumed-groups", "3")
+    first.register(env_pool[0].url)
+    held = first.wait(lambda s: "unconsumed_groups" in s["pause_reasons"] and s["groups_open"] == 0
+                      and s["groups_recorded"] == s["groups_completed"], what="backpressure")
+    store = Store.connect(redis_server.url, run_name)
+    try:
+        await store.ack_groups(await store.read_groups("trainer-0", count=held["groups_completed"]))
+        first.kill()
+        second = orchestrators("--group-size", "2", "--max-unconsumed-groups", "3", port=first.port)
+        second.wait(lambda s: s["groups_completed"] >= held["groups_completed"] + 3, what="dispatch after restart")
     finally:
         await store.close()
 

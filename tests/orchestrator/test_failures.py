@@ -118,7 +118,7 @@ async def test_an_episode_that_keeps_failing_is_given_up_after_max_attempts(orch
             group, member, attempt = member_of(e["episode_id"])
             attempts[(group, member)].append(attempt)
     assert sorted(attempts.values()) == [[1, 2, 3]] * 4
-    assert 'asyncrl_orch_episodes_total{env="timed",status="given_up"} 4.0' in orch.http.get("/metrics").text
+    assert 'asyncrl_orchestrator_episodes_total{env="timed",status="given_up"} 4.0' in orch.http.get("/metrics").text
     broken.stop()
 
 

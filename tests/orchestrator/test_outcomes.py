@@ -65,7 +65,7 @@ async def test_deadline_cut_members_are_excluded_and_the_group_rule_pads_or_drop
     for name, count in stalled.items():
         expected = {"model": {"completed": GROUP_SIZE - count}, "infrastructure": {"deadline_exceeded": 2 * count}}
         assert status["by_env"][name]["outcomes"] == expected
-        assert metric(orch_metrics, "asyncrl_orch_outcomes_total", env=name, outcome="infrastructure",
+        assert metric(orch_metrics, "asyncrl_orchestrator_outcomes_total", env=name, outcome="infrastructure",
                       reason="deadline_exceeded") == 2 * count
         assert metric(env_metrics[name], "asyncrl_env_outcomes_total", env=name, outcome="infrastructure",
                       reason="deadline_exceeded") == 2 * count

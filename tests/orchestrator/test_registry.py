@@ -78,3 +78,18 @@ def test_registry_errors_name_the_problem(orchestrators):
     clash = orch.http.post("/v1/envs", json={"name": "b", "domain": "d", "url": "http://127.0.0.1:1", "capacity": 1})
     assert clash.status_code == 400 and "already registered" in clash.json()["error"]
     assert orch.http.get("/health").json() == {"status": "ok"}
+
+
+def test_episodes_draining_at_a_removed_service_count_in_its_env(orchestrators, tmp_path):
+    """A removed service's running episodes finish and count: in the total in flight and in its env's
+    (the env's figure once summed only the services still in its queue, and read 0 while the total
+    read 9: `asyncrl watch`'s env table)."""
+    (service,) = start_envs(tmp_path, 1, "--name", "draining", "--capacity", "4", "--option", "sleep_s=30")
+    orch = orchestrators("--group-size", "2", "--max-in-flight", "4")
+    env_id = orch.register(service.url, name="draining", capacity=4)
+    orch.wait(lambda s: s["in_flight"] == 4, what="4 episodes running")
+    assert orch.http.delete(f"/v1/envs/{env_id}").json()["draining"] == 4
+    status = orch.status()
+    assert status["in_flight"] == 4 and status["by_env"]["draining"]["in_flight"] == 4
+    assert status["by_env"]["draining"]["healthy_services"] == 0
+    service.stop()

@@ -1,6 +1,6 @@
 """An environment written only against the SDK, outside envs/, for the orchestrator's tests and
 benchmark: an episode makes `llm_turns` model calls, then sleeps `sleep_s` (its "tool time"), and
-scores 1.0 when the first reply contains the task's answer.
+scores 1.0 when the first reply contains the task's answer (or by `reward_rule`, see `reward`).
 
     python -m envs.serve --env tests.orchestrator.timed_env.TimedEnv --option sleep_s=0.5 ...
 """
@@ -23,7 +23,7 @@ class TimedEnv(Environment):
 
     def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
                  broken: bool = False, jitter: float = 0.0, stalled_members: int = 0, group_size: int = 1,
-                 stall_s: float = 60.0):
+                 stall_s: float = 60.0, reward_rule: str = "reply"):
         self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
         """broken: every episode raises after its sleep (the service reports status failed)."""
         self.jitter = jitter
@@ -33,6 +33,9 @@ class TimedEnv(Environment):
         member seeds are consecutive from a multiple of group_size): episodes that overrun their deadline."""
         self.journal = Path(journal) / f"{os.getpid()}.jsonl" if journal else None
         """When set, every episode appends what it was sent (and when) to <journal>/<pid>.jsonl."""
+        if reward_rule not in ("reply", "mixed", "zero"):
+            raise ValueError(f"reward_rule {reward_rule!r}: reply, mixed or zero")
+        self.reward_rule = reward_rule
 
     def note(self, event: str, ctx, **extra) -> None:
         if self.journal is not None:
@@ -46,7 +49,7 @@ class TimedEnv(Environment):
 
     async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
         base_url = str(llm.base_url)
-        self.note("start", ctx, base_url=base_url)
+        self.note("start", ctx, base_url=base_url, max_turns=ctx.max_turns, deadline_s=ctx.deadline_s)
         outcome = "cancelled"
         try:
             replies = await self.talk(task_id, llm, ctx)
@@ -58,8 +61,20 @@ class TimedEnv(Environment):
             outcome = "completed"
         finally:
             self.note("end", ctx, base_url=base_url, outcome=outcome)
-        reward = 1.0 if replies and task_id in replies[0] else 0.0
-        return EpisodeResult(reward=reward, info={"pid": os.getpid(), "seed": ctx.seed})
+        return EpisodeResult(reward=self.reward(task_id, ctx.seed, replies),
+                             info={"pid": os.getpid(), "seed": ctx.seed})
+
+    def reward(self, task_id: str, seed: int, replies: list[str]) -> float:
+        """`reply`: 1.0 when the first reply names the task. `zero`: always 0. `mixed` (dynamic sampling
+        tests): task t-i with i % 3 == 0 scores 0 for every member, i % 3 == 1 scores 1 for every member
+        (equal rewards: no signal), i % 3 == 2 scores the member seed's parity (the members of a group
+        have consecutive seeds: rewards vary). `informative(task_id)` says which."""
+        if self.reward_rule == "zero":
+            return 0.0
+        if self.reward_rule == "mixed":
+            kind = int(task_id.rsplit("-", 1)[1]) % 3
+            return float(seed % 2) if kind == 2 else float(kind)
+        return 1.0 if replies and task_id in replies[0] else 0.0
 
     async def talk(self, task_id: str, llm, ctx) -> list[str]:
         replies: list[str] = []
@@ -69,3 +84,8 @@ class TimedEnv(Environment):
             replies.append(response.choices[0].message.content or "")
             messages += [{"role": "assistant", "content": replies[-1]}, {"role": "user", "content": "Again."}]
         return replies
+
+
+def informative(task_id: str) -> bool:
+    """Whether a group of `reward_rule=mixed` on this task has rewards that vary."""
+    return int(task_id.rsplit("-", 1)[1]) % 3 == 2
