@@ -52,6 +52,9 @@ def test_service_registers_again_with_a_new_orchestrator_on_its_url(orchestrator
     service = EnvProcess(ARITHMETIC, tmp_path, "--orchestrator", first.url, "--orchestrator-gone-s", "60").start()
     try:
         wait_for(lambda: service.url in registered_urls(first), 30, "registration", service.log)
+        # the service knows it is registered (a loaded machine can lose the first reply: it then
+        # registers again, and the kill below must come after that)
+        wait_for(lambda: "registered name=arithmetic" in service.log_path.read_text(), 30, "registered", service.log)
         first.kill()
         time.sleep(1.0)  # a few heartbeats fail
         # A new orchestrator where the old one was, without its state (another run): it has never heard
