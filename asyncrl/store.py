@@ -1,4 +1,4 @@
-"""The run's Redis data model (shared/protocols/store.md; extensions in docs/store.md).
+"""The run's Redis data model (docs/protocols/store.md; extensions in docs/store.md).
 
 Every key is `asyncrl:{run}:<name>`. Writers: the gateway appends samples; the orchestrator appends a
 group entry once every member of a GRPO group is done; the trainer reads groups through the consumer

@@ -1,1 +1,1 @@
-"""gateway component (see shared/protocols and docs/)."""
+"""gateway component (see docs/protocols and docs/)."""

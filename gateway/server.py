@@ -1,4 +1,4 @@
-"""`asyncrl gateway serve`: the TITO gateway's HTTP API (shared/protocols/gateway.md, docs/gateway.md).
+"""`asyncrl gateway serve`: the TITO gateway's HTTP API (docs/protocols/gateway.md, docs/gateway.md).
 
 Handlers are thin: parse the typed request, call the session registry or the turn logic, reply.
 """

@@ -5,7 +5,7 @@ calls (a call interrupted by an engine failure or abort is continued from its to
 and committed at the end. Nothing touches the ledger before the commit, so a turn that fails
 leaves the session as it was and the client may simply retry.
 
-TITO rules (shared/protocols/gateway.md):
+TITO rules (docs/protocols/gateway.md):
   * prompt(n) = segment tokens so far + the rendering of the messages appended since turn n-1
     (`GlmChatTemplate.render_incremental`); the model's own tokens are kept as generated.
   * a message list that does not extend the segment's (history edited, tools changed) opens a

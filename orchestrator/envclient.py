@@ -1,4 +1,4 @@
-"""Calls the orchestrator makes to env services (shared/protocols/env-service.md)."""
+"""Calls the orchestrator makes to env services (docs/protocols/env-service.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`asyncrl orchestrator serve`: the orchestrator's HTTP API (shared/protocols/orchestrator.md).
+"""`asyncrl orchestrator serve`: the orchestrator's HTTP API (docs/protocols/orchestrator.md).
 
 Handlers are thin: parse the typed request, call the Orchestrator, reply with a typed response.
 """

@@ -3,7 +3,7 @@
 `SessionProvider` opens one session per episode attempt and finishes it with the result. Two kinds,
 chosen by `OrchestratorConfig.sessions`:
 
-- `gateway`: a TITO gateway session (shared/protocols/gateway.md). finish(completed|truncated|failed)
+- `gateway`: a TITO gateway session (docs/protocols/gateway.md). finish(completed|truncated|failed)
   makes the gateway append the trajectory to Redis and returns its sample refs; finish(aborted)
   records nothing. Finishing is idempotent: a repeated finish returns the first reply, which is how a
   restarted orchestrator learns whether a session of the previous one was already recorded.

@@ -1,1 +1,1 @@
-"""rollout component (see shared/protocols and docs/)."""
+"""rollout component (see docs/protocols and docs/)."""

@@ -1,1 +1,1 @@
-"""trainer component (see shared/protocols and docs/)."""
+"""trainer component (see docs/protocols and docs/)."""

@@ -1,4 +1,4 @@
-"""Wire types of the engine HTTP API (shared/protocols/engine.md = SGLang's native API).
+"""Wire types of the engine HTTP API (docs/protocols/engine.md = SGLang's native API).
 
 Names follow SGLang's io_struct (`GenerateReqInput` -> `GenerateRequest`, ...). Unknown keys are
 ignored (SGLang clients send many optional fields), except SGLang options this engine does not implement

@@ -1,4 +1,4 @@
-"""Wire types of the env-service protocol (shared/protocols/env-service.md), named after the endpoints.
+"""Wire types of the env-service protocol (docs/protocols/env-service.md), named after the endpoints.
 
 No logic lives here: env services (envs/sdk/app.py) accept and return these types and the
 orchestrator sends and reads them. Field validation turns a bad request into a 422 naming the field;

@@ -1,4 +1,4 @@
-"""Wire types of the TITO gateway (shared/protocols/gateway.md, extensions in docs/gateway.md).
+"""Wire types of the TITO gateway (docs/protocols/gateway.md, extensions in docs/gateway.md).
 
 The sessions API is what the orchestrator calls: create a session per episode, hand its `base_url`
 to the env service, finish it with the reward. `SessionRecord` is the live token ledger (GET).

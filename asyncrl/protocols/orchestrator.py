@@ -1,4 +1,4 @@
-"""Wire types of the orchestrator's HTTP API (shared/protocols/orchestrator.md, env-service.md).
+"""Wire types of the orchestrator's HTTP API (docs/protocols/orchestrator.md, env-service.md).
 
 Env services send the registry types (self-registration, heartbeats); operators send them through
 `asyncrl env register|list|remove`; dashboards and the trainer read `StatusResponse`. No logic here.

@@ -1,4 +1,4 @@
-"""The HTTP app of an env service (shared/protocols/env-service.md). Handlers are thin: they map the
+"""The HTTP app of an env service (docs/protocols/env-service.md). Handlers are thin: they map the
 wire types onto the EpisodeRunner, which owns admission, deadlines and cancellation."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A small real orchestrator stand-in that records the registration calls an env service makes.
 
-It implements the three env-facing routes of shared/protocols/orchestrator.md (register,
+It implements the three env-facing routes of docs/protocols/orchestrator.md (register,
 heartbeat, deregister) with bearer-token checks, and can be told to forget a registration so the
 next heartbeat gets 404.
 """
