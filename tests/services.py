@@ -21,6 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(predicate, timeout_s: float, describe=lambda: ""):
+    """Poll `predicate` until it returns something truthy (returned); else fail with `describe()`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out; {describe()}")
+
+
 class ServiceProcess:
     """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves.
     A fixed `port` restarts a service where its clients expect it."""

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tests.envs.threaded_server import ThreadedServer
+from tests.services import wait_until
 
 
 @dataclass
@@ -57,13 +58,8 @@ class RecordingOrchestrator:
         return [c for c in self.calls if c.method == "POST" and c.path == "/v1/envs"]
 
     def wait_for(self, predicate, timeout_s: float = 20.0):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = predicate()
-            if found:
-                return found
-            time.sleep(0.02)
-        raise AssertionError(f"timed out; calls so far: {[(c.method, c.path, c.body) for c in self.calls]}")
+        return wait_until(predicate, timeout_s,
+                          lambda: f"calls so far: {[(c.method, c.path, c.body) for c in self.calls]}")
 
     def _app(self) -> FastAPI:
         app = FastAPI()

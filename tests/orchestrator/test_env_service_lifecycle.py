@@ -6,6 +6,7 @@ import time
 
 from tests.envs.service_process import ServiceProcess as EnvProcess
 from tests.orchestrator.conftest import Orchestrator
+from tests.services import wait_until
 
 ARITHMETIC = "envs.tasks.ArithmeticEnv"
 IDLE = ("--max-groups", "0")
@@ -13,13 +14,7 @@ IDLE = ("--max-groups", "0")
 
 
 def wait_for(predicate, timeout_s: float, what: str, log=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}\n{log()}")
+    return wait_until(predicate, timeout_s, lambda: f"waiting for {what}\n{log()}")
 
 
 def registered_urls(orch: Orchestrator) -> list[str]:
