@@ -187,6 +187,7 @@ class Driver:
             request = EpisodeRequest(episode_id=episode_id, task_id=task_id, seed=seed, max_turns=self.max_turns,
                                      deadline_s=self.deadline_s,
                                      llm=LLMEndpoint(base_url=opened["base_url"], model=o.model_name,
+                                                     api_key=opened.get("api_key"),
                                                      sampling=endpoint_sampling(cfg.rollout.sampling)))
             response, refused = None, False
             self.load[url] = self.load.get(url, 0) + 1

@@ -1,6 +1,8 @@
 """ASGI middleware in front of every route: optional bearer token (401) and request-size limit (413).
 
 Plain ASGI rather than Starlette's BaseHTTPMiddleware: it adds microseconds, not a task per request.
+A request the token does not open may still pass `also_authorized(path, headers)`: the gateway's
+per-session credentials (gateway/sessions.py), which open their own session's routes only.
 The size limit checks Content-Length up front and counts the bytes of chunked bodies as they come
 (raising HTTPException 413 inside the app, whose error handler answers).
 """
@@ -18,16 +20,18 @@ ASGIApp = Callable[..., Any]
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, auth_token: Optional[str], max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, auth_token: Optional[str], max_request_bytes: int,
+                 also_authorized: Optional[Callable[[str, dict], bool]] = None) -> None:
         self.app = app
         self.expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self.also_authorized = also_authorized
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+        if self.expected is not None and not self._authorized(scope["path"], headers):
             return await _reply(send, scope["path"], 401, "missing or wrong bearer token (Authorization: Bearer <token>)",
                                 [(b"www-authenticate", b"Bearer")])
         length = headers.get(b"content-length")
@@ -45,6 +49,11 @@ class GuardMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+    def _authorized(self, path: str, headers: dict) -> bool:
+        if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return True
+        return self.also_authorized is not None and self.also_authorized(path, headers)
 
 
 async def _reply(send: Callable, path: str, status: int, message: str, extra_headers: list = ()) -> None:

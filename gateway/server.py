@@ -67,7 +67,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
             await store.close()
 
     app = FastAPI(title="asyncrl TITO gateway", lifespan=lifespan)
-    app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes)
+    app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes,
+                       also_authorized=registry.session_credential_opens)
     install_error_handlers(app)
     install_metrics(app, metrics.registry)
 
@@ -77,7 +78,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
         body = await parse_json_body(request, CreateSessionRequest)
         session = registry.create(body)
         base = (cfg.public_url or str(request.base_url)).rstrip("/")
-        reply = CreateSessionResponse(session_id=session.id, base_url=f"{base}/sessions/{session.id}/v1")
+        reply = CreateSessionResponse(session_id=session.id, base_url=f"{base}/sessions/{session.id}/v1",
+                                      api_key=session.api_key)
         return json_response(reply.model_dump(), 201)
 
     @app.get("/sessions/{sid}")
@@ -165,7 +167,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
     p.add_argument("--redis-url", help="Redis of the run (finished trajectories go there)")
     p.add_argument("--run", dest="run_name", default="asyncrl", help="run name (Redis key prefix)")
     p.add_argument("--auth-token", default=os.environ.get("ASYNCRL_GATEWAY_TOKEN"),
-                   help="require Authorization: Bearer <token> on every route (default $ASYNCRL_GATEWAY_TOKEN)")
+                   help="require Authorization: Bearer <token> on every route, or the session's own api_key on its "
+                        "model routes (default $ASYNCRL_GATEWAY_TOKEN)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --url-file)")
     p.add_argument("--url-file", help="write the bound URL here once serving")

@@ -189,8 +189,10 @@ class Turn:
 
 
 class Session:
-    def __init__(self, session_id: str, request: CreateSessionRequest) -> None:
+    def __init__(self, session_id: str, request: CreateSessionRequest, api_key: Optional[str] = None) -> None:
         self.id = session_id
+        self.api_key = api_key
+        """The bearer credential of this session's own routes (None when the gateway has no auth token)."""
         self.group_id, self.task_id, self.env = request.group_id, request.task_id, request.env
         self.metadata = request.metadata
         self.sampling = request.sampling

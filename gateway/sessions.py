@@ -4,12 +4,18 @@ Lifecycle of a session: created (POST /sessions) -> turns -> finished once (rewa
 appends its segments to Redis unless aborted -> its record stays readable for
 `finished_session_ttl_s`, its finish reply (idempotency) for the last `max_finish_replies` sessions.
 Open sessions idle for `session_idle_timeout_s` are aborted, so memory stays bounded.
+
+With an auth token, each session gets its own credential at creation (`api_key` of the reply): it opens
+that session's model routes only (`SESSION_ROUTES`), and only while the session is active, so an env's
+agent can neither reach other sessions nor the admin routes (finish, engines), nor keep using a finished one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -26,6 +32,12 @@ from gateway.recorder import record_session
 from gateway.session import Session
 
 log = logging.getLogger("gateway.sessions")
+
+
+SESSION_ROUTES = re.compile(r"/sessions/([^/]+)/(?:v1/.*|generate)")
+"""The routes a session credential opens: its OpenAI base_url's and the token-native turn."""
+HEADER_ROUTE = "/v1/chat/completions"
+"""Chat addressed by the X-Session-Id header: opened by that session's credential too."""
 
 
 class UnknownSessionError(LookupError):
@@ -53,7 +65,8 @@ class SessionRegistry:
         return sum(1 for s in self.sessions.values() if s.active)
 
     def create(self, request: CreateSessionRequest) -> Session:
-        session = Session(secrets.token_urlsafe(24), request)
+        api_key = secrets.token_urlsafe(32) if self.cfg.auth_token else None
+        session = Session(secrets.token_urlsafe(24), request, api_key)
         self.sessions[session.id] = session
         self.metrics.sessions_created.inc()
         return session
@@ -63,6 +76,16 @@ class SessionRegistry:
         if session is None:
             raise UnknownSessionError(f"unknown session {session_id[:8]}...")
         return session
+
+    def session_credential_opens(self, path: str, headers: dict[bytes, bytes]) -> bool:
+        """Whether the request's bearer credential is that of the active session whose route `path` is."""
+        match = SESSION_ROUTES.fullmatch(path)
+        session_id = match.group(1) if match else (headers.get(b"x-session-id", b"").decode("latin-1")
+                                                   if path == HEADER_ROUTE else None)
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None or session.api_key is None or not session.active:
+            return False
+        return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {session.api_key}".encode())
 
     def open(self, session_id: str) -> Session:
         """A session that may still take turns."""

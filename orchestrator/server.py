@@ -6,6 +6,7 @@ Handlers are thin: parse the typed request, call the Orchestrator, reply with a 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -44,7 +45,8 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
         return request.app.state.orch
 
     async def authorized(request: Request) -> None:
-        if cfg.auth_token and request.headers.get("authorization") != f"Bearer {cfg.auth_token}":
+        if cfg.auth_token and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                                      f"Bearer {cfg.auth_token}".encode()):
             raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
 
     v1 = [Depends(authorized)]

@@ -5,7 +5,8 @@ chosen by `OrchestratorConfig.sessions`:
 
 - `gateway`: a TITO gateway session (docs/protocols/gateway.md). finish(completed|truncated|failed)
   makes the gateway append the trajectory to Redis and returns its sample refs; finish(aborted)
-  records nothing. Finishing is idempotent: a repeated finish returns the first reply, which is how a
+  records nothing. With a gateway token, the episode's endpoint carries the session's own credential
+  (the reply's `api_key`), never the gateway token itself. Finishing is idempotent: a repeated finish returns the first reply, which is how a
   restarted orchestrator learns whether a session of the previous one was already recorded.
 - `endpoint`: every episode uses one fixed OpenAI-compatible URL; nothing is recorded (evaluation
   against any server, benchmarks of the orchestrator and env services without a model).
@@ -88,7 +89,8 @@ class GatewaySessions(SessionProvider):
             metadata={"episode_id": episode_id, "member": member.index, "attempt": member.attempt, "seed": member.seed},
             sampling=session_sampling(self.config_sampling, member.seed))
         reply = await self._call("POST", "/sessions", body.model_dump(), expect=(201,))
-        return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model, sampling=self.sampling)
+        return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model,
+                                                api_key=reply.get("api_key"), sampling=self.sampling)
 
     async def finish(self, session_id, status, reward=0.0, info=None) -> Finished:
         body = FinishSessionRequest(reward=reward, status=status, info=info or {})

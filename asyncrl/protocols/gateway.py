@@ -59,6 +59,10 @@ class CreateSessionResponse(BaseModel):
     """Unguessable (secrets.token_urlsafe): it is the capability to use the session."""
     base_url: str
     """`{gateway}/sessions/{session_id}/v1`: give it to any OpenAI client as its base_url."""
+    api_key: Optional[str] = None
+    """When the gateway has an auth token: this session's own bearer credential, for the OpenAI client's
+    api_key. It opens this session's model routes (`.../v1/...`, `/generate`) while the session is active,
+    nothing else (not finish, not other sessions). None when the gateway has no token."""
 
 
 class FinishSessionRequest(_Lenient):

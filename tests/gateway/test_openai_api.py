@@ -117,6 +117,38 @@ async def test_bearer_token_guards_every_route(random_gateway, openai_client):
         await unauthorized.models.list()
 
 
+async def test_a_session_credential_opens_its_own_model_routes_only(random_client, openai_client):
+    """Each session's api_key works for its own OpenAI base_url and token-native turn while it is active;
+    on another session, the admin routes or once finished it is refused (401)."""
+    mine, other = await random_client.create(), await random_client.create()
+    sid, key = mine["session_id"], mine["api_key"]
+    assert key and other["api_key"] and key != other["api_key"] and AUTH_TOKEN not in (key, other["api_key"])
+    client = openai_client(base_url=mine["base_url"], api_key=key, max_retries=0)
+    assert [m.id for m in (await client.models.list()).data] == ["asyncrl"]
+    reply = await client.chat.completions.create(model="asyncrl", messages=USER, max_tokens=2)
+    assert reply.usage.completion_tokens >= 1
+    as_session = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=random_client.url, headers=as_session) as http:
+        turn = await http.post(f"/sessions/{sid}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
+        assert turn.status_code == 200, turn.text
+        by_header = await http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+                                    json={"messages": USER, "max_tokens": 1})
+        assert by_header.status_code == 200, by_header.text
+        osid = other["session_id"]
+        refused = [("POST", f"/sessions/{osid}/v1/chat/completions"), ("POST", f"/sessions/{osid}/generate"),
+                   ("GET", f"/sessions/{osid}/v1/models"), ("POST", f"/sessions/{sid}/finish"),
+                   ("GET", f"/sessions/{sid}"), ("DELETE", f"/sessions/{sid}"), ("POST", "/sessions"),
+                   ("GET", "/engines"), ("POST", "/engines"), ("GET", "/v1/models"), ("GET", "/health")]
+        for method, path in refused:
+            r = await http.request(method, path, json={"messages": USER, "input_ids": [5]})
+            assert r.status_code == 401, (method, path, r.text)
+        header_other = await http.post("/v1/chat/completions", headers={"X-Session-Id": osid}, json={"messages": USER})
+        assert header_other.status_code == 401
+        await random_client.finish(sid, reward=1.0)
+        after = await http.post(f"/sessions/{sid}/generate", json={"input_ids": [5]})
+        assert after.status_code == 401, after.text
+
+
 async def test_concurrent_turns_of_one_session_apply_in_order(scripted_client, openai_client):
     session = await scripted_client.create()
     client = openai_client(base_url=session["base_url"], api_key="unused")
