@@ -12,7 +12,7 @@ import logging
 import signal
 import socket
 from pathlib import Path
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import orjson
 import uvicorn
@@ -54,6 +54,30 @@ async def parse_json_body(request: Request, model: type[BaseModelT]) -> BaseMode
         return model.model_validate(data)
     except ValidationError as err:
         raise RequestValidationError(err.errors()) from None
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` of a route whose handler reads its body with parse_json_body: publishes `model`'s
+    JSON schema as the route's requestBody (FastAPI sees no typed body parameter, so it would publish
+    none), for schema-driven clients and fuzzers. The schema is self-contained (its $defs inlined)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": _inline_refs(schema, definitions, ())}}}}
+
+
+def _inline_refs(node: Any, definitions: dict[str, Any], seen: tuple[str, ...]) -> Any:
+    if isinstance(node, list):
+        return [_inline_refs(item, definitions, seen) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        name = node["$ref"].removeprefix("#/$defs/")
+        if name in seen:
+            raise ValueError(f"{name} is recursive: its schema cannot be inlined")
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return _inline_refs({**definitions[name], **rest}, definitions, (*seen, name))
+    return {k: _inline_refs(v, definitions, seen) for k, v in node.items()}
 
 
 def install_error_handlers(app: FastAPI) -> None:

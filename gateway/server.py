@@ -21,7 +21,7 @@ from asyncrl.config import GatewayConfig
 from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
                                        EnginesResponse, FinishSessionRequest, SessionGenerateRequest,
                                        UpdateEnginesRequest)
-from asyncrl.service import install_metrics, parse_json_body, serve
+from asyncrl.service import install_metrics, json_body, parse_json_body, serve
 from asyncrl.store import Store
 from asyncrl.tokenizer import BUILTIN_TINY, load_tokenizer
 from gateway.engines import EnginePool
@@ -73,7 +73,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     install_metrics(app, metrics.registry)
 
     # Sessions ------------------------------------------------------------------------------------------
-    @app.post("/sessions", status_code=201)
+    @app.post("/sessions", status_code=201, openapi_extra=json_body(CreateSessionRequest))
     async def create_session(request: Request) -> Response:
         body = await parse_json_body(request, CreateSessionRequest)
         session = registry.create(body)
@@ -86,7 +86,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     async def get_session(sid: str) -> Response:
         return json_response(registry.get(sid).record().model_dump())
 
-    @app.post("/sessions/{sid}/finish")
+    @app.post("/sessions/{sid}/finish", openapi_extra=json_body(FinishSessionRequest))
     async def finish_session(sid: str, request: Request) -> Response:
         body = await parse_json_body(request, FinishSessionRequest)
         return json_response((await registry.finish(sid, body)).model_dump())
@@ -96,7 +96,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
         return json_response(registry.abort(registry.get(sid)).model_dump())
 
     # Turns -----------------------------------------------------------------------------------------------
-    @app.post("/sessions/{sid}/generate")
+    @app.post("/sessions/{sid}/generate", openapi_extra=json_body(SessionGenerateRequest))
     async def generate(sid: str, request: Request) -> Response:
         body = await parse_json_body(request, SessionGenerateRequest)
         if body.stream:
@@ -115,11 +115,11 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
         turns.chat_sampling(session, body, plan)
         return StreamingResponse(turns.chat_stream(session, body), media_type="text/event-stream")
 
-    @app.post("/sessions/{sid}/v1/chat/completions")
+    @app.post("/sessions/{sid}/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def session_chat(sid: str, request: Request) -> Response:
         return await chat(sid, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def header_chat(request: Request) -> Response:
         sid = request.headers.get("x-session-id")
         if not sid:
@@ -141,7 +141,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     async def engines() -> Response:
         return json_response(EnginesResponse(engines=pool.status()).model_dump())
 
-    @app.post("/engines")
+    @app.post("/engines", openapi_extra=json_body(UpdateEnginesRequest))
     async def set_engines(request: Request) -> Response:
         body = await parse_json_body(request, UpdateEnginesRequest)
         pool.set_engines(body.urls)

@@ -11,22 +11,24 @@ import json
 import logging
 import os
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Optional
+from typing import Annotated, AsyncIterator, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from asyncrl.config import DynamicSamplingConfig, OrchestratorConfig, SamplingConfig
 from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
                                             RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
-from asyncrl.service import install_error_handlers, parse_json_body, serve
+from asyncrl.service import install_error_handlers, json_body, parse_json_body, serve
 from orchestrator.core import Orchestrator
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger("orchestrator.server")
 
 TOKEN_ENV = "ASYNCRL_ORCHESTRATOR_TOKEN"
+EnvId = Annotated[str, Path(max_length=64, description="as POST /v1/envs returned it (env-<12 hex>)")]
+"""Bounded, so the 404 that names an unknown one stays short."""
 
 
 def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
@@ -59,7 +61,7 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(orch(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/envs", status_code=201, dependencies=v1)
+    @app.post("/v1/envs", status_code=201, dependencies=v1, openapi_extra=json_body(RegisterRequest))
     async def register(request: Request) -> RegisterResponse:
         body = await parse_json_body(request, RegisterRequest)
         service = await orch(request).register(body)
@@ -70,22 +72,23 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
     async def list_envs(request: Request) -> list[EnvRecord]:
         return [s.to_record() for s in orch(request).registry]
 
-    @app.post("/v1/envs/{env_id}/heartbeat", dependencies=v1)
-    async def heartbeat(env_id: str, request: Request) -> HeartbeatResponse:
+    @app.post("/v1/envs/{env_id}/heartbeat", dependencies=v1, openapi_extra=json_body(HeartbeatRequest))
+    async def heartbeat(env_id: EnvId, request: Request) -> HeartbeatResponse:
         service = orch(request).heartbeat(env_id, await parse_json_body(request, HeartbeatRequest))
         if service is None:
             raise HTTPException(404, f"unknown env_id {env_id!r}: register again")
         return HeartbeatResponse(env_id=env_id, healthy=service.healthy)
 
     @app.delete("/v1/envs/{env_id}", dependencies=v1)
-    async def remove(env_id: str, request: Request) -> RemoveResponse:
+    async def remove(env_id: EnvId, request: Request) -> RemoveResponse:
         removed = await orch(request).remove(env_id)
         if removed is None:
             raise HTTPException(404, f"unknown env_id {env_id!r}")
         return RemoveResponse(env_id=env_id, removed=True, draining=removed[1])
 
     @app.get("/v1/status", dependencies=v1)
-    async def status(request: Request, overhead_since: Optional[float] = None) -> StatusResponse:
+    async def status(request: Request, overhead_since: Optional[float] = Query(None, ge=0, allow_inf_nan=False)
+                     ) -> StatusResponse:
         """`overhead_since` (unix time): summarise the dispatches made after it (default: the last rate_window_s)."""
         return orch(request).status(overhead_since)
 

@@ -21,7 +21,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from asyncrl.model.io import read_tensors
-from asyncrl.service import error_response, install_error_handlers, install_metrics, parse_json_body, serve
+from asyncrl.service import (error_response, install_error_handlers, install_metrics, json_body, parse_json_body,
+                             serve)
 from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
                               GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, MemoryOccupationRequest,
@@ -115,7 +116,7 @@ def build_app(engine: Engine) -> FastAPI:
         finally:
             disconnected.cancel()
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=json_body(GenerateRequest))
     async def generate(request: Request) -> Response:
         body = await parse_json_body(request, GenerateRequest)
         items, samples = split_batch(body, new_rid), body.parallel_samples

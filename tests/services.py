@@ -32,6 +32,22 @@ def wait_until(predicate, timeout_s: float, describe=lambda: ""):
     raise AssertionError(f"timed out; {describe()}")
 
 
+def unpublished_bodies(openapi: dict, bodyless: frozenset[str] = frozenset()) -> list[str]:
+    """'METHOD path' of each POST/PUT operation of an OpenAPI document that publishes no JSON requestBody
+    schema, other than the `bodyless` ones (routes documented to take no body)."""
+    missing = []
+    for path, operations in openapi["paths"].items():
+        for method in ("post", "put"):
+            operation = operations.get(method)
+            name = f"{method.upper()} {path}"
+            if operation is None or name in bodyless:
+                continue
+            schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            if not schema:
+                missing.append(name)
+    return missing
+
+
 class ServiceProcess:
     """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves.
     A fixed `port` restarts a service where its clients expect it."""

@@ -14,6 +14,13 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from asyncrl.protocols.fields import HttpUrl, Id, Secret, Seed
+
+MAX_TOKENS = 1_048_576
+"""Most tokens one model reply may be asked for."""
+MAX_TURNS = 100_000
+MAX_DEADLINE_S = 7 * 86400.0
+
 
 class EpisodeStatus(str, Enum):
     """What the trainer does with the episode; `EpisodeResponse.reason` says why it ended."""
@@ -83,30 +90,32 @@ class SamplingParams(BaseModel):
     """Sampling of every model turn; unknown keys (top_k, stop, ...) are passed through to the endpoint."""
 
     model_config = ConfigDict(extra="allow")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    max_tokens: int = Field(512, ge=1, le=MAX_TOKENS, strict=True)
 
 
 class LLMEndpoint(BaseModel):
     """The OpenAI-compatible endpoint of this episode (a gateway session)."""
 
-    base_url: str = Field(min_length=1)
+    base_url: HttpUrl
     """e.g. http://gateway/sessions/<sid>/v1"""
-    model: str = "asyncrl"
-    api_key: Optional[str] = None
+    model: str = Field("asyncrl", max_length=256)
+    api_key: Optional[Secret] = None
+    """The bearer credential the agent's client sends to base_url: the gateway session's own credential
+    when the gateway has an auth token (docs/protocols/gateway.md "Credentials"); None: a placeholder."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
 
 class EpisodeRequest(BaseModel):
-    episode_id: str = Field(min_length=1, max_length=256)
-    task_id: str = Field(min_length=1)
-    seed: int = 0
+    episode_id: Id
+    task_id: Id
+    seed: Seed = 0
     """Seeds the environment's own randomness (task variation, tie-breaks), not the model's sampling."""
     llm: LLMEndpoint
-    max_turns: int = Field(20, ge=1)
+    max_turns: int = Field(20, ge=1, le=MAX_TURNS, strict=True)
     """Model calls the agent may make; the environment stops asking after this many (-> truncated)."""
-    deadline_s: float = Field(600.0, gt=0)
+    deadline_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S, strict=True)
     """Wall-clock budget of the whole episode; past it the episode fails (reason deadline_exceeded)."""
 
 

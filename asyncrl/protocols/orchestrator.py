@@ -10,20 +10,26 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from asyncrl.protocols.fields import HttpUrl, Name, OptionalName
+
 HeartbeatMode = Literal["push", "probe"]
+MAX_CAPACITY = 1_000_000
+"""Most episodes one service may say it runs at once."""
+MAX_WEIGHT = 1e6
 
 
 # Env registry ------------------------------------------------------------------------------------
 class RegisterRequest(BaseModel):
     """POST {orchestrator}/v1/envs"""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: Name
     """Env name: services with the same name are replicas serving the same tasks."""
-    domain: str = Field("", max_length=128)
-    url: str = Field(min_length=1)
-    capacity: int = Field(ge=1)
+    domain: OptionalName = ""
+    url: HttpUrl
+    """Where the orchestrator reaches the service (http or https, with a host)."""
+    capacity: int = Field(ge=1, le=MAX_CAPACITY, strict=True)
     """Episodes the service runs concurrently; the orchestrator never sends more."""
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False, strict=True)
     """Dispatch weight of the env when the orchestrator's config names neither it nor its domain."""
     heartbeat: HeartbeatMode = "push"
     """push: the service POSTs heartbeats itself (SDK self-registration). probe: it cannot (operator
@@ -39,8 +45,8 @@ class RegisterResponse(BaseModel):
 class HeartbeatRequest(BaseModel):
     """POST {orchestrator}/v1/envs/{env_id}/heartbeat"""
 
-    in_flight: int = Field(0, ge=0)
-    healthy: bool = True
+    in_flight: int = Field(0, ge=0, le=MAX_CAPACITY, strict=True)
+    healthy: bool = Field(True, strict=True)
     """False takes the service out of the rotation at once (its in-flight episodes are re-dispatched)."""
 
 

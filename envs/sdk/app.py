@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from asyncrl.protocols.fields import MAX_ID_CHARS
 from envs.sdk.metrics import ServiceMetrics
 from asyncrl.protocols.env_service import (CancelResponse, EpisodeRequest, EpisodeResponse, ErrorResponse,
                                            HealthResponse, InfoResponse, TasksResponse)
 from envs.sdk.runner import AdmissionError, EpisodeRunner
 
 DISCONNECT_POLL_S = 1.0
+MAX_SPLIT_CHARS = 64
 
 
 def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain: str) -> FastAPI:
@@ -41,7 +43,7 @@ def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain
 
     @app.get("/tasks", responses={404: {"model": ErrorResponse}})
     async def tasks(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000),
-                    split: str = Query("train", min_length=1)):
+                    split: str = Query("train", min_length=1, max_length=MAX_SPLIT_CHARS)):
         ids = runner.splits.get(split)
         if ids is None:
             return _error(404, f"env {name!r} has no {split!r} split (it serves: {', '.join(runner.splits)}); "
@@ -58,7 +60,7 @@ def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain
             watcher.cancel()
 
     @app.post("/episodes/{episode_id}/cancel", responses={404: {"model": ErrorResponse}})
-    async def cancel(episode_id: str):
+    async def cancel(episode_id: str = Path(max_length=MAX_ID_CHARS)):
         if not runner.cancel(episode_id):
             return _error(404, f"episode_id {episode_id!r} is not running")
         return CancelResponse(episode_id=episode_id, cancelled=True)

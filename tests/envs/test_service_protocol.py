@@ -11,6 +11,7 @@ import pytest
 from envs.tasks import ArithmeticEnv
 from tests.envs.scripted_llm import say
 from tests.envs.service_process import episode_request, run_episode
+from tests.services import unpublished_bodies
 
 TASK = "arith-00001"
 
@@ -104,6 +105,19 @@ async def test_broken_llm_endpoint_is_failed(service, scripted_llm):
     (lambda b: b["llm"].pop("base_url"), "llm.base_url"),
     (lambda b: b["llm"]["sampling"].update(temperature=-1), "llm.sampling.temperature"),
     (lambda b: b.update(deadline_s=0), "deadline_s"),
+    (lambda b: b.update(deadline_s=10 ** 9), "deadline_s"),
+    (lambda b: b.update(max_turns=10 ** 9), "max_turns"),
+    (lambda b: b.update(max_turns=True), "max_turns"),
+    (lambda b: b.update(seed=2 ** 64), "seed"),
+    (lambda b: b.update(seed="7"), "seed"),
+    (lambda b: b.update(episode_id="e\nforged"), "episode_id"),
+    (lambda b: b.update(task_id="t" * 100_000), "task_id"),
+    (lambda b: b["llm"].update(base_url="file:///etc/passwd"), "llm.base_url"),
+    (lambda b: b["llm"].update(base_url="http://h/" + "x" * 5000), "llm.base_url"),
+    (lambda b: b["llm"].update(model="m" * 10_000), "llm.model"),
+    (lambda b: b["llm"].update(api_key=["k"]), "llm.api_key"),
+    (lambda b: b["llm"]["sampling"].update(max_tokens=10 ** 9), "llm.sampling.max_tokens"),
+    (lambda b: b["llm"]["sampling"].update(top_p="1"), "llm.sampling.top_p"),
 ])
 async def test_bad_request_names_the_field(service, change, field):
     body = episode_request(TASK, "http://127.0.0.1:9/v1")
@@ -112,6 +126,11 @@ async def test_bad_request_names_the_field(service, change, field):
         reply = await client.post(f"{service.url}/episodes", json=body)
     assert reply.status_code == 422
     assert reply.json()["fields"] == [field] and field in reply.json()["error"]
+
+
+def test_openapi_publishes_every_request_body(service):
+    openapi = service.get("/openapi.json").json()
+    assert unpublished_bodies(openapi, frozenset({"POST /episodes/{episode_id}/cancel"})) == []
 
 
 async def test_unknown_task_duplicate_episode_and_garbage(service, scripted_llm):

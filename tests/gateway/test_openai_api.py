@@ -8,6 +8,7 @@ import pytest
 
 from tests.gateway.conftest import AUTH_TOKEN, error_message
 from tests.gateway.scripted import COMMAND, CONTENT, REASONING, TOOLS
+from tests.services import unpublished_bodies
 
 USER = [{"role": "user", "content": "List the files."}]
 
@@ -147,6 +148,14 @@ async def test_a_session_credential_opens_its_own_model_routes_only(random_clien
         await random_client.finish(sid, reward=1.0)
         after = await http.post(f"/sessions/{sid}/generate", json={"input_ids": [5]})
         assert after.status_code == 401, after.text
+
+
+async def test_openapi_publishes_every_request_body(scripted_gateway):
+    async with httpx.AsyncClient(base_url=scripted_gateway.url) as http:
+        openapi = (await http.get("/openapi.json")).json()
+    assert unpublished_bodies(openapi) == []
+    chat = openapi["paths"]["/sessions/{sid}/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert "messages" in chat["schema"]["required"] and "$ref" not in str(chat)  # self-contained
 
 
 async def test_concurrent_turns_of_one_session_apply_in_order(scripted_client, openai_client):

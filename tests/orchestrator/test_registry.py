@@ -7,6 +7,7 @@ import sys
 import time
 
 from tests.orchestrator.conftest import ROOT_DIR, journal, start_envs
+from tests.services import unpublished_bodies
 
 TOKEN = "orch-secret"
 
@@ -78,6 +79,44 @@ def test_registry_errors_name_the_problem(orchestrators):
     clash = orch.http.post("/v1/envs", json={"name": "b", "domain": "d", "url": "http://127.0.0.1:1", "capacity": 1})
     assert clash.status_code == 400 and "already registered" in clash.json()["error"]
     assert orch.http.get("/health").json() == {"status": "ok"}
+
+
+BAD_FIELDS = [
+    ({"url": "file:///etc/passwd"}, "url"), ({"url": "not a url"}, "url"), ({"url": "http://"}, "url"),
+    ({"url": "http://127.0.0.1:99999"}, "url"), ({"url": "http://h/" + "x" * 5_000_000}, "url"),
+    ({"url": 7}, "url"), ({"name": "../etc"}, "name"), ({"name": "a\nforged log line"}, "name"),
+    ({"name": "n" * 129}, "name"), ({"domain": "d d"}, "domain"), ({"capacity": "4"}, "capacity"),
+    ({"capacity": True}, "capacity"), ({"capacity": 10 ** 7}, "capacity"), ({"weight": 0}, "weight"),
+    ({"weight": 1e7}, "weight"), ({"heartbeat": "pull"}, "heartbeat"),
+]
+
+
+def test_registration_fields_are_checked_for_type_and_range(orchestrators):
+    """Every field of a registration: a 400 naming it; nothing registered, and the log never echoes the
+    5 MB URL (it once went into every log line about the service)."""
+    orch = orchestrators()
+    good = {"name": "ok", "domain": "d", "url": "http://127.0.0.1:1", "capacity": 1}
+    for change, field in BAD_FIELDS:
+        reply = orch.http.post("/v1/envs", json={**good, **change})
+        assert reply.status_code == 400 and reply.json()["error"].startswith(f"{field}:"), (change, reply.text[:300])
+        assert len(reply.text) < 2000
+    for body, field in [({"in_flight": -1}, "in_flight"), ({"in_flight": "3"}, "in_flight"),
+                        ({"healthy": "yes"}, "healthy"), ({"healthy": 1}, "healthy")]:
+        reply = orch.http.post("/v1/envs/env-nope/heartbeat", json=body)
+        assert reply.status_code == 400 and reply.json()["error"].startswith(f"{field}:"), reply.text
+    long_id = orch.http.delete("/v1/envs/" + "e" * 5000)
+    assert long_id.status_code == 400 and "env_id" in long_id.text and len(long_id.text) < 2000
+    assert orch.http.get("/v1/status", params={"overhead_since": "-1"}).status_code == 400
+    assert orch.envs() == []
+    assert orch.register("https://env.example:8443/base", name="ok.v2_a-1") and len(orch.envs()) == 1
+    assert "x" * 1000 not in orch.proc.log()
+
+
+def test_openapi_publishes_every_request_body(orchestrators):
+    openapi = orchestrators().http.get("/openapi.json").json()
+    assert unpublished_bodies(openapi, frozenset({"POST /v1/pause", "POST /v1/resume"})) == []
+    body = openapi["paths"]["/v1/envs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(body["required"]) == {"name", "url", "capacity"} and body["properties"]["url"]["maxLength"] == 2048
 
 
 def test_episodes_draining_at_a_removed_service_count_in_its_env(orchestrators, tmp_path):

@@ -10,6 +10,7 @@ import torch
 
 from asyncrl.engine_client import EngineClient, EngineError
 from tests.rollout.conftest import argmax_continuation, start_engine, teacher_forced
+from tests.services import unpublished_bodies
 
 PROMPT = [1006, 1008, 1011, 10, 72, 101, 108, 108, 111, 1012]
 
@@ -33,6 +34,14 @@ async def test_health_info_loads_and_metrics(engine, client):
     assert "sglang_generation_tokens_total" in metrics
     assert {"sglang_num_running_reqs 0.0", "sglang_num_queue_reqs 0.0"} <= set(metrics.splitlines())
     assert any(line.startswith("sglang_token_usage ") for line in metrics.splitlines())
+
+
+async def test_openapi_publishes_every_request_body(engine):
+    async with httpx.AsyncClient() as http:
+        openapi = (await http.get(engine.url + "/openapi.json")).json()
+    assert unpublished_bodies(openapi, frozenset({"POST /continue_generation", "POST /flush_cache"})) == []
+    generate = openapi["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"input_ids", "sampling_params"} <= set(generate["properties"])
 
 
 async def test_greedy_equals_argmax_and_logprobs_equal_teacher_forcing(client, reference_model):
