@@ -130,7 +130,8 @@ async def test_a_session_credential_opens_its_own_model_routes_only(random_clien
     assert reply.usage.completion_tokens >= 1
     as_session = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=random_client.url, headers=as_session) as http:
-        turn = await http.post(f"/sessions/{sid}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
+        turn = await http.post(f"/sessions/{sid}/generate",
+                               json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
         assert turn.status_code == 200, turn.text
         by_header = await http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
                                     json={"messages": USER, "max_tokens": 1})
