@@ -113,7 +113,7 @@ def test_refuses_to_start_without_isolation_unless_unsafe_is_chosen(tmp_path):
     unsafe = ServiceProcess("envs.terminal.TerminalEnv", tmp_path, "--unsafe-local-sandbox").start()
     try:
         assert unsafe.get("/health").json() == {"status": "ok"}
-        assert "UNSAFE SANDBOX" in unsafe.log()
+        assert "WARNING envs.server UNSAFE SANDBOX: env terminal runs agent-controlled commands" in unsafe.log()
         assert 'asyncrl_env_sandbox_info{env="terminal",type="local_unsafe"} 1.0' in unsafe.get("/metrics").text
     finally:
         assert unsafe.stop() == 0
