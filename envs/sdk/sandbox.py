@@ -68,7 +68,7 @@ class SandboxConfig:
     workdir_mb: int = 256
     """Size of the episode directory (namespace: a tmpfs mounted for the episode, so disk use is bounded)."""
     tmp_mb: int = 64
-    """Size of the private /tmp each command sees (namespace backend)."""
+    """Size of the private /tmp, and of the private /dev/shm, each command sees (namespace backend)."""
     base_uid: int = 2_000_000
     """Episodes run as base_uid + slot (namespace backend): unprivileged, and one uid per live episode."""
     ro_paths: list[str] = field(default_factory=list)
