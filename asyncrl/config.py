@@ -8,6 +8,7 @@ Each component reads only its own section.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -267,6 +268,7 @@ class EnvServiceConfig:
     sandbox: str = "namespace"
     """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
+    """SandboxConfig fields (envs/sdk/sandbox.py: memory_mb, ro_paths, ...), passed as `--sandbox-option k=v`."""
     max_turns: Optional[int] = None
     """Model calls an episode of this env may make (EpisodeContext.max_turns); None = orchestrator.max_turns."""
     episode_timeout_s: Optional[float] = None
@@ -281,8 +283,8 @@ class EnvServiceConfig:
     @property
     def serve_args(self) -> list[str]:
         args = ["--sandbox-type", self.sandbox]
-        for key, value in self.sandbox_options.items():
-            args += ["--sandbox-option", f"{key}={value}"]
+        for key, value in self.sandbox_options.items():  # JSON, which the service parses: lists, true
+            args += ["--sandbox-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
         return args + (["--unsafe-local-sandbox"] if self.sandbox == "local_unsafe" else [])
 
 

@@ -319,6 +319,11 @@ class Job:
     def _start_env(self, env, replica: int, orchestrator: Optional[str]) -> str:
         """One replica of an env service; it registers itself with `orchestrator` (None: it does not,
         and is called directly, as `asyncrl eval` does)."""
+        if replica == 0 and env.sandbox == "local_unsafe":
+            log.warning("UNSAFE SANDBOX: env service %s (%s) is configured with sandbox local_unsafe: if its agents "
+                        "run commands or code (a tool-using env, requires_sandbox), they run WITHOUT isolation, as "
+                        "the service's user, with network access and its files (the service's log says whether it "
+                        "does); set envs.services.%s.sandbox=namespace to isolate them", env.name, env.target, env.name)
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
                              env_service_args(env, orchestrator),
                              _token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token))

@@ -124,12 +124,19 @@ def load_env(target: str, options: dict, env_paths: list[str] = ()):
     return load_env_class(target, env_paths)(**options)
 
 
+def sandbox_config(args: argparse.Namespace):
+    """The SandboxConfig the command line asks for (--sandbox-type, --sandbox-option, --unsafe-local-sandbox)."""
+    from envs.sdk.sandbox import SandboxConfig
+
+    return SandboxConfig(**{"type": "local_unsafe" if args.unsafe_local_sandbox else args.sandbox_type,
+                            **key_values(args.sandbox_option)})
+
+
 async def serve(args: argparse.Namespace) -> int:
-    from envs.sdk.sandbox import SandboxConfig, SandboxUnavailable
+    from envs.sdk.sandbox import SandboxUnavailable
     from envs.sdk.server import EnvService, ServiceConfig
 
-    sandbox = SandboxConfig(**{"type": "local_unsafe" if args.unsafe_local_sandbox else args.sandbox_type,
-                               **key_values(args.sandbox_option)})
+    sandbox = sandbox_config(args)
     config = ServiceConfig(name=args.name, domain=args.domain, capacity=args.capacity, weight=args.weight,
                            host=args.host, port=args.port, public_url=args.public_url,
                            orchestrator_url=args.orchestrator, orchestrator_token=args.orchestrator_token,

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
-from asyncrl.launcher import env_service_args, orchestrator_args
+from asyncrl.launcher import Job, env_service_args, orchestrator_args
+from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.server import parse_args
 from tests.envs.recording_orchestrator import RecordingOrchestrator
@@ -228,3 +229,26 @@ with ExitStack() as stack:
     assert registered == {"mine": ("toy", urls[0]), "loose": ("loose", urls[1])}
     # job.shutdown(False) stopped both services the clean way (SIGTERM: they deregistered)
     assert sorted(c.path for c in orchestrator.of("DELETE")) == ["/v1/envs/env-1", "/v1/envs/env-2"]
+
+
+def test_sandbox_options_reach_the_services_sandbox_config():
+    """A list (ro_paths) and a number cross the command line as the service reads them."""
+    env = load("experiment=tiny_demo", "+envs.services.sh={target: envs.terminal.TerminalEnv, "
+               "sandbox_options: {ro_paths: [/usr/share], memory_mb: 1024}}").envs.services["sh"]
+    sandbox = sandbox_config(parse_service_args(env_service_args(env, None)))
+    assert (sandbox.type, sandbox.ro_paths, sandbox.memory_mb) == ("namespace", ["/usr/share"], 1024)
+
+
+def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, caplog):
+    cfg = load("experiment=tiny_demo", "+envs.services.sh={target: envs.terminal.TerminalEnv, sandbox: local_unsafe}")
+    job = Job(cfg, tmp_path, "redis://unused")
+    started = []
+    job._service = lambda name, module, args, env=None: started.append(args) or "http://env"
+    with caplog.at_level("WARNING", logger="asyncrl.launcher"):
+        for env in cfg.envs.services.values():
+            for replica in range(2):
+                job._start_env(env, replica, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(started) == 4 and len(warnings) == 1  # once per env, not per replica; not for arithmetic
+    assert warnings[0].startswith("UNSAFE SANDBOX: env service sh (envs.terminal.TerminalEnv)")
+    assert "local_unsafe" in warnings[0] and "WITHOUT isolation" in warnings[0]

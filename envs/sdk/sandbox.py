@@ -3,9 +3,10 @@
 A `SandboxBackend` (one per service, chosen by `SandboxConfig.type`) opens one `Sandbox` per
 episode: a fresh directory plus a way to run commands in it under limits. Backends:
 
-- `namespace` (envs.sdk.sandbox_namespace): Linux namespaces + rlimits + cgroups. No network, every
-  mount read-only except the episode directory and a private /tmp, a per-episode unprivileged uid,
-  a pid namespace that dies with the command. Needs root (or equivalent) and util-linux.
+- `namespace` (envs.sdk.sandbox_namespace): Linux namespaces + rlimits + cgroups. No network, a
+  filesystem that is an allow-list (the runtime and `ro_paths` read-only, the episode directory and a
+  private /tmp writable, nothing else of the host), a per-episode unprivileged uid, pid, IPC and UTS
+  namespaces that die with the command. Needs root (or equivalent) and util-linux.
 - `local_unsafe` (envs.sdk.sandbox_local): a plain subprocess with rlimits and a timeout. NO
   isolation: only for operators who opt in explicitly on machines without namespaces.
 
@@ -18,10 +19,11 @@ import asyncio
 import contextlib
 import importlib
 import io
+import os
 import tarfile
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncContextManager, Callable, Mapping, Optional, Sequence, Union
 
@@ -66,9 +68,18 @@ class SandboxConfig:
     workdir_mb: int = 256
     """Size of the episode directory (namespace: a tmpfs mounted for the episode, so disk use is bounded)."""
     tmp_mb: int = 64
-    """Size of the private /tmp each command sees (namespace backend)."""
+    """Size of the private /tmp, and of the private /dev/shm, each command sees (namespace backend)."""
     base_uid: int = 2_000_000
     """Episodes run as base_uid + slot (namespace backend): unprivileged, and one uid per live episode."""
+    ro_paths: list[str] = field(default_factory=list)
+    """Host paths (absolute, existing) the namespace sandbox shows read-only besides the runtime (/usr,
+    /lib*, a few /etc entries: sandbox_namespace.RUNTIME_PATHS), e.g. a toolchain under /opt."""
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.ro_paths if not os.path.isabs(p) or not os.path.lexists(p)]
+        if bad:
+            raise ValueError(f"ro_paths: {bad} are not absolute paths of existing files or directories")
+        self.ro_paths = [os.path.normpath(p) for p in self.ro_paths]
 
 
 @dataclass

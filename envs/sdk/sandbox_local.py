@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import resource
 import shutil
@@ -21,8 +20,6 @@ from pathlib import Path
 from typing import AsyncIterator, Sequence
 
 from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxError, SandboxUnavailable, dir_name
-
-log = logging.getLogger("envs.sandbox")
 
 
 class LocalUnsafeSandbox(Sandbox):
@@ -61,9 +58,7 @@ class LocalUnsafeBackend(SandboxBackend):
     async def probe(self) -> None:
         if shutil.which("bash") is None or shutil.which("tar") is None:
             raise SandboxUnavailable("the local sandbox needs bash and tar on PATH")
-        self.root.mkdir(parents=True, exist_ok=True)
-        log.warning("UNSAFE SANDBOX: agent commands run WITHOUT isolation as uid %d with network access "
-                    "and the service's file permissions (sandbox type local_unsafe was chosen)", os.geteuid())
+        self.root.mkdir(parents=True, exist_ok=True)  # the service warns that it runs unisolated (server.py)
 
     @asynccontextmanager
     async def session(self, name: str) -> AsyncIterator[LocalUnsafeSandbox]:

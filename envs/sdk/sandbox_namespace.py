@@ -1,23 +1,28 @@
-"""The isolating sandbox: Linux namespaces, an unprivileged per-episode uid, rlimits and cgroups.
+"""The isolating sandbox: Linux namespaces, an allow-listed filesystem, an unprivileged per-episode uid,
+rlimits and cgroups.
 
 One command runs as
 
   setpriv --pdeathsig KILL          dies with the service
-  unshare --net --mount --pid ...   no network interface but a down loopback; own mounts; own pids
-  python sandbox_init.py            joins the episode's cgroups, private /tmp, all else read-only
+  unshare --net --mount --pid --ipc --uts ...
+                                    no network interface but a down loopback; own mounts, pids, SysV
+                                    IPC objects and hostname
+  python sandbox_init.py            joins the episode's cgroups; a new root holding only RUNTIME_PATHS
+                                    + ro_paths (read-only), /dev, /proc, a private /tmp, the episode dir
   prlimit ...                       CPU seconds, address space, file size, processes, open files
   setpriv --reuid U ...             the episode's uid, no capabilities, no_new_privs
   env -i ... bash -c COMMAND
 
 The command is pid 1 of its pid namespace, so when it exits or is killed (timeout, output cap,
-cancellation) the kernel kills everything it started. The episode directory is a tmpfs of
-`workdir_mb` owned by the episode's uid, so its disk use is bounded too.
+cancellation) the kernel kills everything it started, and its IPC namespace goes with it. The
+episode directory is a tmpfs of `workdir_mb` owned by the episode's uid, so its disk use is bounded too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -33,8 +38,15 @@ from envs.sdk.sandbox import Sandbox, SandboxBackend, SandboxConfig, SandboxErro
 log = logging.getLogger("envs.sandbox")
 
 INIT = Path(__file__).with_name("sandbox_init.py")
+STAGE = ".stage"
+"""An empty directory beside the episode directories: each command mounts its new root there, in its own
+mount namespace, before making it `/`."""
 REQUIRED_TOOLS = ("unshare", "setpriv", "prlimit", "mount", "umount", "bash", "tar")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+RUNTIME_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
+                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
+"""What every command sees of the host (read-only, where it exists): programs, libraries, the dynamic
+linker's cache, the alternatives links (awk, ...), the time zone. SandboxConfig.ro_paths adds to it."""
 
 
 class NamespaceSandbox(Sandbox):
@@ -55,11 +67,13 @@ class NamespaceSandbox(Sandbox):
 
     def _wrap(self, argv: Sequence[str]) -> list[str]:
         c, mb = self.config, 1 << 20
-        cgroups = ":".join(self.cgroups.procs_files) if self.cgroups else ""
+        spec = json.dumps({"workdir": str(self.workdir), "stage": str(self.workdir.parent / STAGE),
+                           "tmp_mb": c.tmp_mb, "uid": self.uid, "cgroups": self.cgroups.procs_files if self.cgroups else [],
+                           "ro_paths": [*RUNTIME_PATHS, *c.ro_paths]})
         return [
             "setpriv", "--pdeathsig", "KILL", "--",
-            "unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-            sys.executable, "-I", "-S", str(INIT), str(self.workdir), str(c.tmp_mb), cgroups, "--",
+            "unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
+            sys.executable, "-I", "-S", str(INIT), spec, "--",
             "prlimit", f"--cpu={c.cpu_s}", f"--as={c.memory_mb * mb}", f"--fsize={c.max_file_mb * mb}",
             f"--nproc={c.max_processes}", f"--nofile={c.max_open_files}", "--core=0", "--",
             "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
@@ -90,6 +104,7 @@ class NamespaceBackend(SandboxBackend):
             raise SandboxUnavailable(f"the namespace sandbox needs {', '.join(missing)} (util-linux, coreutils)")
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o711)  # episode uids traverse it to reach their own directory, nothing more
+        (self.root / STAGE).mkdir(mode=0o700, exist_ok=True)
         self._tmpfs_workdir = await self._tmpfs_works()
         async with self.session("probe") as sandbox:
             result = await sandbox.run(["id", "-u"])

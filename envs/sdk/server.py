@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -115,6 +116,10 @@ class EnvService:
         except SandboxUnavailable:
             await backend.close()
             raise
+        if backend.type == "local_unsafe":
+            log.warning("UNSAFE SANDBOX: env %s runs agent-controlled commands (requires_sandbox) WITHOUT isolation: "
+                        "as uid %d, with network access and the service's file permissions (sandbox type "
+                        "local_unsafe was chosen)", self.name, os.geteuid())
         return backend
 
     def _start_registration(self) -> None:

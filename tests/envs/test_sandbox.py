@@ -7,6 +7,8 @@ attack could not have worked anyway proves nothing.
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +17,11 @@ import pytest
 
 from envs.sdk.cgroups import find_hierarchies
 from envs.sdk.sandbox import SandboxConfig, make_sandbox_backend
+from envs.sdk.sandbox_namespace import RUNTIME_PATHS
+from envs.swe.env import DATA as SWE_DATA
+from envs.terminal.env import DATA as TERMINAL_DATA
 from tests.envs.isolation import needs_namespaces
+from tests.services import ROOT
 
 LIMITS = dict(command_timeout_s=5, cpu_s=2, memory_mb=512, max_processes=32, max_output_bytes=32768)
 
@@ -89,11 +95,12 @@ WRITES = "touch {target} && echo WROTE"
 async def test_no_writes_outside_the_episode_directory(isolated, unsafe):
     marker = f"asyncrl-escape-{uuid.uuid4().hex[:8]}"
     async with isolated.session("a") as sandbox, isolated.session("b") as neighbour:
-        targets = [f"/var/tmp/{marker}", f"/dev/shm/{marker}", f"{isolated.root}/{marker}",
+        targets = [f"/var/tmp/{marker}", f"{isolated.root}/{marker}",
                    f"{neighbour.workdir}/{marker}", f"/root/{marker}", f"{Path.cwd()}/{marker}"]
         attempts = [await sandbox.run(WRITES.format(target=t)) for t in targets]
         inside = await sandbox.run(f"echo ok > {marker} && mkdir -p sub && echo ok > sub/x && cat {marker}")
-        private_tmp = await sandbox.run(f"echo x > /tmp/{marker}-tmp && cat /tmp/{marker}-tmp")
+        private_tmp = [await sandbox.run(f"echo x > {d}/{marker}-tmp && cat {d}/{marker}-tmp")
+                       for d in ("/tmp", "/dev/shm")]
     async with unsafe.session("control") as sandbox:
         control = await sandbox.run(WRITES.format(target=f"/tmp/{marker}-control"))
     try:
@@ -102,10 +109,79 @@ async def test_no_writes_outside_the_episode_directory(isolated, unsafe):
             assert not attempt.ok and "WROTE" not in attempt.output, f"wrote {target}"
             assert not Path(target).exists(), target
         assert inside.ok and inside.output == "ok\n"
-        # /tmp inside is a private tmpfs: writable, gone with the command, never the host's /tmp
-        assert private_tmp.ok and private_tmp.output == "x\n" and not Path(f"/tmp/{marker}-tmp").exists()
+        # /tmp and /dev/shm inside are private tmpfs: writable, gone with the command, never the host's
+        for directory, attempt in zip(("/tmp", "/dev/shm"), private_tmp):
+            assert attempt.ok and attempt.output == "x\n" and not Path(f"{directory}/{marker}-tmp").exists()
     finally:
         Path(f"/tmp/{marker}-control").unlink(missing_ok=True)
+
+
+SECRETS = [SWE_DATA, TERMINAL_DATA, ROOT / "pyproject.toml", Path(sys.executable), Path.home() / ".bashrc"]
+"""Host files an agent must not read: the graders' hidden tests and verifiers, the project, the venv, /root."""
+
+
+@needs_namespaces
+async def test_the_host_filesystem_is_invisible(isolated, unsafe):
+    """Only the allow-list exists inside: not the project, the envs' data, /root, /home nor a neighbour."""
+    paths = [*SECRETS, Path("/home")]
+    async with unsafe.session("control") as sandbox:
+        controls = [await sandbox.run(["ls", "-d", "--", str(p)]) for p in paths]
+    async with isolated.session("a") as sandbox, isolated.session("b") as neighbour:
+        await neighbour.write_files({"answer.txt": "42\n"})
+        secrets = [*paths, neighbour.workdir / "answer.txt"]
+        running = asyncio.create_task(neighbour.run("sleep 2"))  # the neighbour's episode is mid-command
+        attempts = [await sandbox.run(["ls", "-d", "--", str(p)]) for p in secrets]
+        reads = [await sandbox.read_file(str(p)) for p in secrets]
+        top = await sandbox.run("ls -A /")
+        beside = await sandbox.run(["ls", "-A", str(sandbox.workdir.parent)])
+        await running
+    assert all(control.ok for control in controls), [c.output for c in controls if not c.ok]
+    for path, attempt, read in zip(secrets, attempts, reads):
+        assert not attempt.ok and "No such file or directory" in attempt.output and read is None, path
+    runtime = {Path(p).parts[1] for p in RUNTIME_PATHS}
+    assert {"usr", "etc", "dev", "proc", "tmp"} <= set(top.output.split()) <= runtime | {"dev", "proc", "tmp"}
+    assert beside.output.split() == [sandbox.workdir.name]
+
+
+@needs_namespaces
+async def test_ro_paths_are_shown_read_only(tmp_path):
+    (tmp_path / "tool.txt").write_text("tool\n")
+    tmp_path.chmod(0o755)  # readable by the episode's uid
+    backend = await open_backend("namespace", ro_paths=[str(tmp_path)])
+    try:
+        async with backend.session("ro") as sandbox:
+            read = await sandbox.run(f"cat {tmp_path}/tool.txt")
+            write = await sandbox.run(f"echo x > {tmp_path}/new.txt")
+    finally:
+        await backend.close()
+    assert read.ok and read.output == "tool\n"
+    assert not write.ok and "Read-only file system" in write.output and not (tmp_path / "new.txt").exists()
+    with pytest.raises(ValueError, match="ro_paths"):
+        SandboxConfig(ro_paths=["relative/dir"])
+
+
+def sysv_segments() -> dict[str, int]:
+    """The host's SysV shared-memory segments: shmid -> owner uid (/proc/sysvipc/shm)."""
+    rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {row.split()[1]: int(row.split()[7]) for row in rows}
+
+
+@needs_namespaces
+async def test_ipc_objects_and_hostname_are_private(isolated, unsafe):
+    async with unsafe.session("control") as sandbox:
+        control = await sandbox.run("ipcmk -M 1048576")
+    shmid = control.output.rsplit(":", 1)[-1].strip()
+    leaked = shmid in sysv_segments()
+    subprocess.run(["ipcrm", "-m", shmid], check=False)
+    async with isolated.session("ipc") as sandbox:
+        made = await sandbox.run("ipcmk -M 1048576 && ipcmk -S 1 && ipcmk -Q && ipcs -m | grep -c 0x")
+        later = await sandbox.run("ipcs -m -s -q | grep -c 0x")  # the next command of the same episode
+        host_segments = [i for i, uid in sysv_segments().items() if uid == sandbox.uid]
+        hostname = await sandbox.run("hostname")
+    assert control.ok and leaked, "control: a segment made outside the sandbox outlives its command"
+    assert made.ok and made.output.splitlines()[-1] == "1", made.output
+    assert later.output.strip() == "0" and host_segments == []
+    assert hostname.output == "sandbox\n" and socket.gethostname() != "sandbox"
 
 
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 3; echo still-here"

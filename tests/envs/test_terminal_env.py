@@ -96,7 +96,7 @@ async def test_abuse_is_contained_and_the_service_keeps_serving(service, scripte
     assert "MemoryError" in observations[1]
     assert "output truncated" in observations[2] and len(observations[2]) < 25_000
     assert "REACHED" not in observations[3] and "unreachable" in observations[3]
-    assert "Read-only file system" in observations[4] and not (ROOT / "asyncrl-pwned").exists()
+    assert observations[4].count("No such file or directory") == 2 and not (ROOT / "asyncrl-pwned").exists()
     assert not os.path.exists("/var/tmp/asyncrl-pwned")
     assert result["reward"] == 1.0 and after["reward"] == 1.0  # the episode itself still worked
     leftover = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True).stdout.split()
@@ -113,7 +113,7 @@ def test_refuses_to_start_without_isolation_unless_unsafe_is_chosen(tmp_path):
     unsafe = ServiceProcess("envs.terminal.TerminalEnv", tmp_path, "--unsafe-local-sandbox").start()
     try:
         assert unsafe.get("/health").json() == {"status": "ok"}
-        assert "UNSAFE SANDBOX" in unsafe.log()
+        assert "WARNING envs.server UNSAFE SANDBOX: env terminal runs agent-controlled commands" in unsafe.log()
         assert 'asyncrl_env_sandbox_info{env="terminal",type="local_unsafe"} 1.0' in unsafe.get("/metrics").text
     finally:
         assert unsafe.stop() == 0
