@@ -48,6 +48,8 @@ async def test_the_only_engine_killed_mid_turn_is_waited_for(where, tiny_checkpo
         assert_teacher_forced(reference_model, segment)
         metrics = (await client.http.get("/metrics")).text
         assert f'asyncrl_gateway_engine_errors_total{{engine="{engine.url}"}} 1.0' in metrics
+        [sample] = await store.get_samples((await client.finish(sid, reward=1.0))["sample_refs"])
+        assert sample.num_turns == 2  # the failed engine call is no turn of its own
     finally:
         await client.close()
         await store.close()
