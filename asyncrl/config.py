@@ -156,6 +156,9 @@ class GatewayConfig:
     """A finished session's record stays readable (GET) this long; its finish reply stays longer."""
     max_interruptions: int = 8
     """Engine aborts (e.g. weight updates with pause mode abort) a turn survives by continuing."""
+    engine_wait_s: float = 120.0
+    """Seconds a turn with no engine left to try (the only one died) waits, its request held open, for a
+    healthy one to continue on before answering 503; longer than an engine restart (~11 s on CPU)."""
     routing_replay: bool = False
     """Ask engines for each call's routed experts and store them with the samples. Set by the launcher
     from rollout.routing_replay."""

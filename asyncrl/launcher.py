@@ -299,15 +299,9 @@ class Job:
         return ray.get(handle.url.remote(), timeout=300)
 
     def _start_gateway(self) -> str:
-        g = self.cfg.gateway
-        args = ["--redis-url", self.redis_url, "--run", self.cfg.name, "--tokenizer", self.cfg.model.tokenizer,
-                "--engine-timeout-s", str(g.engine_timeout_s), "--health-interval-s", str(g.health_interval_s),
-                "--load-factor", str(g.load_factor), "--max-request-bytes", str(g.max_request_bytes)]
-        args += ["--engines-from-redis"] + ([] if g.thinking else ["--no-thinking"])
-        args += ["--routing-replay"] if self.cfg.rollout.routing_replay else []
-        for url in self.engines.urls():
-            args += ["--engine", url]
-        return self._service("gateway", self.cfg.components.gateway, args, _token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token))
+        args = gateway_args(self.cfg, self.redis_url, self.engines.urls())
+        return self._service("gateway", self.cfg.components.gateway, args,
+                             _token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token))
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
@@ -563,6 +557,19 @@ def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list
     for key, value in env.options.items():
         args += ["--option", f"{key}={value}"]
     return args + list(env.serve_args)
+
+
+def gateway_args(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> list[str]:
+    g = cfg.gateway
+    args = ["--redis-url", redis_url, "--run", cfg.name, "--tokenizer", cfg.model.tokenizer,
+            "--engine-timeout-s", str(g.engine_timeout_s), "--health-interval-s", str(g.health_interval_s),
+            "--load-factor", str(g.load_factor), "--max-request-bytes", str(g.max_request_bytes),
+            "--max-interruptions", str(g.max_interruptions), "--engine-wait-s", str(g.engine_wait_s)]
+    args += ["--engines-from-redis"] + ([] if g.thinking else ["--no-thinking"])
+    args += ["--routing-replay"] if cfg.rollout.routing_replay else []
+    for url in engine_urls:
+        args += ["--engine", url]
+    return args
 
 
 def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]:

@@ -4,7 +4,9 @@ An engine is marked unhealthy the moment a request to it fails at the transport 
 5xx), or after HEALTH_FAILURES_TO_DROP periodic /health checks in a row fail (one slow answer from
 an engine busy with a thousand requests is not a death); it is healthy again when /health answers
 200. Routing skips unhealthy engines (router.py), so a failed engine's sessions move to the others
-on their next call; only when no healthy engine is left does a turn try the unhealthy ones.
+on their next call; only when no healthy engine is left does a turn try the unhealthy ones, and then
+wait for one to come back (`wait_healthy`: a restarted engine, at its old URL or a new one from the
+registry).
 """
 
 from __future__ import annotations
@@ -60,13 +62,18 @@ class EnginePool:
         self.engines: dict[str, EngineState] = {}
         self.ring = HashRing(virtual_nodes=virtual_nodes)
         self._health_task: Optional[asyncio.Task] = None
+        self._healthy_again = asyncio.Event()
+        """Set (and replaced) whenever an engine becomes healthy or joins: wakes the turns in wait_healthy."""
         self.set_engines(urls)
 
     def set_engines(self, urls: Iterable[str]) -> None:
         """Route over exactly `urls` from now on (calls already running on a removed engine finish)."""
         urls = [url.rstrip("/") for url in urls]
+        joined = set(urls) - set(self.engines)
         self.engines = {url: self.engines.get(url) or EngineState(url, self._client(url)) for url in urls}
         self.ring.set_nodes(urls)
+        if joined:
+            self._wake()
 
     def _client(self, url: str) -> EngineClient:
         return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http, transport=self.transport)
@@ -89,6 +96,23 @@ class EnginePool:
     def status(self) -> list[EngineStatus]:
         return [engine.status() for engine in self.engines.values()]
 
+    @property
+    def any_healthy(self) -> bool:
+        return any(engine.healthy for engine in self.engines.values())
+
+    async def wait_healthy(self, timeout_s: float) -> bool:
+        """Until some engine is healthy (True) or `timeout_s` passed (False)."""
+        if not self.any_healthy:
+            try:
+                await asyncio.wait_for(self._healthy_again.wait(), max(timeout_s, 0.0))
+            except TimeoutError:
+                pass
+        return self.any_healthy
+
+    def _wake(self) -> None:
+        self._healthy_again.set()
+        self._healthy_again = asyncio.Event()
+
     # Health ------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._health_task = asyncio.create_task(self._health_loop())
@@ -101,6 +125,7 @@ class EnginePool:
             if ok and not engine.healthy:
                 log.info("engine %s healthy again", engine.url)
                 engine.healthy = True
+                self._wake()
             elif engine.healthy and engine.failed_checks >= HEALTH_FAILURES_TO_DROP:
                 log.warning("engine %s failed %d health checks in a row", engine.url, engine.failed_checks)
                 engine.healthy = False

@@ -3,6 +3,8 @@
 The gateway holds every token, so an engine failure loses nothing:
   * a call that fails before any output (connection refused, 5xx, timeout) is re-run on the next
     engine of the session's ring walk;
+  * when no engine is left (the only one died and is being restarted), the turn waits up to
+    `engine_wait_s` for one to be healthy again, its client's request held open, and continues there;
   * a call that ends early (engine abort, e.g. a weight update with pause mode `abort`, or a stream
     cut mid-way) keeps the tokens it produced, with their log-probs and versions, and the next call
     continues from them with the remaining token budget.
@@ -83,15 +85,15 @@ def _version(value: str) -> int:
 
 class TurnRunner:
     def __init__(self, pool: EnginePool, metrics: GatewayMetrics, max_interruptions: int = 8,
-                 interruption_backoff_s: float = 0.2, failover_rounds: int = 3, routing_replay: bool = False) -> None:
+                 interruption_backoff_s: float = 0.2, engine_wait_s: float = 120.0, routing_replay: bool = False) -> None:
         self.pool = pool
         self.routing_replay = routing_replay
         """Ask every engine call for its routed experts (engines need --enable-return-routed-experts)."""
         self.metrics = metrics
         self.max_interruptions = max_interruptions
         self.interruption_backoff_s = interruption_backoff_s
-        self.failover_rounds = failover_rounds
-        """Passes over all engines before a turn fails with 503 (a reset connection is not a dead engine)."""
+        self.engine_wait_s = engine_wait_s
+        """How long a turn with no engine left to try waits for a healthy one before its 503 (GatewayConfig)."""
 
     async def run(self, session: Session, turn: Turn, sampling: dict[str, Any]) -> None:
         async for _ in self.stream(session, turn, sampling, stream=False):
@@ -108,18 +110,20 @@ class TurnRunner:
         if turn.forced_pending and turn.forced_after is None:
             turn.force()
         failed: frozenset[str] = frozenset()
-        interruptions = rounds = 0
+        interruptions = 0
+        outage: Optional[float] = None
+        """When the turn last found no engine to try, until a call brings tokens again."""
         while True:
             session.ensure_open()
             engine = self.pool.pick(session.id, exclude=failed)
-            if engine is None and failed and rounds + 1 < self.failover_rounds:
-                rounds += 1  # every engine failed once: after a pause, try them all again
-                failed = frozenset()
-                await asyncio.sleep(self.interruption_backoff_s * rounds)
-                continue
             if engine is None:
-                raise NoEngineError(f"no engine could run the turn (failed: {sorted(failed) or 'none'}; "
-                                    f"engines: {sorted(self.pool.engines) or 'none'})")
+                if outage is None:
+                    outage = time.monotonic()
+                    log.warning("session %s...: no engine left to run its turn (failed: %s); waiting up to %g s for "
+                                "a healthy one", session.id[:8], sorted(failed) or "none", self.engine_wait_s)
+                if await self._wait_for_engine(outage, failed):
+                    failed = frozenset()  # an engine is healthy again (or new): try them all
+                continue
             params = {**sampling, "max_new_tokens": budget - len(turn.generated_ids)}
             if turn.forced_pending:  # the call stops where the forced tokens go
                 params["stop_token_ids"] = [*params.get("stop_token_ids", []), turn.forced_after]
@@ -142,6 +146,7 @@ class TurnRunner:
                 continue
             if call.output_ids or call.finish_reason != "abort":
                 turn.calls.append(call)
+                outage = None
             if call.finish_reason != "abort":
                 if (turn.forced_pending and call.finish_reason == "stop" and call.output_ids[-1:] == [turn.forced_after]
                         and len(turn.generated_ids) < budget):
@@ -155,6 +160,16 @@ class TurnRunner:
             if interruptions > self.max_interruptions:
                 raise NoEngineError(f"session {session.id}: engine calls aborted {interruptions} times in a row")
             await asyncio.sleep(self.interruption_backoff_s)
+
+    async def _wait_for_engine(self, outage: float, failed: frozenset[str]) -> bool:
+        """Wait for a healthy engine, a second at most (the loop then sees a session closed meanwhile); True once
+        there is one. NoEngineError (503) once the turn has had no engine since `outage` for engine_wait_s."""
+        left = outage + self.engine_wait_s - time.monotonic()
+        if left <= 0:
+            raise NoEngineError(f"no healthy engine within {self.engine_wait_s:g} s (gateway.engine_wait_s), the "
+                                f"longest a turn waits for one (failed: {sorted(failed) or 'none'}; engines: "
+                                f"{sorted(self.pool.engines) or 'none'})")
+        return await self.pool.wait_healthy(min(left, 1.0))
 
     async def _call(self, engine: EngineState, session: Session, turn: Turn, params: dict[str, Any],
                     rid: str, stream: bool) -> AsyncIterator[tuple[EngineCall, bool]]:

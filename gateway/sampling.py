@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from pydantic import ValidationError
+
 from asyncrl.config import TRUNCATING_SAMPLING, is_truncating
+from asyncrl.protocols.engine import SamplingParams
 
 
 class SamplingPolicyError(ValueError):
@@ -73,14 +76,15 @@ _REFUSED = ("the trainer recomputes each token's log-prob under the plain temper
 
 def check_sampling(params: Mapping[str, Any], allow_truncation: bool) -> dict[str, Any]:
     """The engine's sampling params of a turn: `params` less the neutral values of RESHAPING_SAMPLING.
-    SamplingPolicyError names every field the gateway refuses: unknown ones, reshaping ones, truncating
-    ones unless the session allows truncation, n other than 1."""
+    SamplingPolicyError names every field the gateway refuses: unknown ones, ones of the wrong type or out of
+    the engine's range, reshaping ones, truncating ones unless the session allows truncation, n other than 1."""
     params = {name: value for name, value in params.items() if value is not None}  # null means the default
     unknown = sorted(name for name in params if name not in ENGINE_SAMPLING)
     if unknown:
         raise SamplingPolicyError(
             f"sampling_params {', '.join(map(repr, unknown))}: not SGLang sampling parameters the gateway "
             f"honours (known: {', '.join(sorted(ENGINE_SAMPLING))})")
+    _check_types(params)
     if params.get("n") not in (None, 1):
         raise SamplingPolicyError(f"n={params['n']}: only n=1 (each sample is its own trajectory: open a "
                                   "session per sample)")
@@ -95,6 +99,17 @@ def check_sampling(params: Mapping[str, Any], allow_truncation: bool) -> dict[st
             "importance ratios use the untruncated distribution); the run allows it with "
             "rollout.sampling.allow_truncation=true")
     return {name: value for name, value in params.items() if name not in RESHAPING_SAMPLING}
+
+
+def _check_types(params: Mapping[str, Any]) -> None:
+    """Types and ranges as the engine's own SamplingParams has them, strictly (no "0.7" for 0.7, no true for 1):
+    a value an engine would refuse, or fail on mid-batch, is a 400 here, naming the field."""
+    typed = {name: value for name, value in params.items() if name in SamplingParams.model_fields}
+    try:
+        SamplingParams.model_validate(typed, strict=True)
+    except ValidationError as err:
+        raise SamplingPolicyError("; ".join(f"sampling_params.{'.'.join(map(str, e['loc']))}: {e['msg']} (got "
+                                            f"{repr(e['input'])[:80]})" for e in err.errors())) from None
 
 
 def logprob_temperature(params: Mapping[str, Any]) -> float:

@@ -50,7 +50,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
     registry = store.engines if (cfg.engines_from_redis and store is not None) else None
     pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry)
     metrics = GatewayMetrics(lambda: registry.active, lambda: sum(e.healthy for e in pool.engines.values()))
-    runner = TurnRunner(pool, metrics, cfg.max_interruptions, routing_replay=cfg.routing_replay)
+    runner = TurnRunner(pool, metrics, cfg.max_interruptions, engine_wait_s=cfg.engine_wait_s,
+                        routing_replay=cfg.routing_replay)
     registry = SessionRegistry(cfg, runner, store, metrics)
     turns = Turns(template, runner, metrics, cfg.model_name, registry.spawn)
 
@@ -179,6 +180,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
     p.add_argument("--engine-timeout-s", type=float, default=GatewayConfig.engine_timeout_s)
     p.add_argument("--health-interval-s", type=float, default=GatewayConfig.health_interval_s)
     p.add_argument("--session-idle-timeout-s", type=float, default=GatewayConfig.session_idle_timeout_s)
+    p.add_argument("--max-interruptions", type=int, default=GatewayConfig.max_interruptions)
+    p.add_argument("--engine-wait-s", type=float, default=GatewayConfig.engine_wait_s,
+                   help="how long a turn with no engine left waits for a healthy one before its 503")
     p.add_argument("--routing-replay", action="store_true",
                    help="ask engines for routed experts and store them with each sample (rollout.routing_replay)")
     args = vars(p.parse_args(argv))

@@ -116,8 +116,9 @@ class Turns:
             session.ensure_open()
             turn = session.token_turn(request.input_ids)
             turn.top_logprobs = request.top_logprobs_num if request.return_logprob else 0
-            sampling = check_sampling({**turn_sampling(session.sampling, session.num_turns), **request.sampling_params},
-                                      session.sampling.allow_truncation)
+            given = {name: value for name, value in request.sampling_params.items() if value is not None}
+            sampling = check_sampling({**turn_sampling(session.sampling, session.num_turns), **given},
+                                      session.sampling.allow_truncation)  # null: the session's default
             await self._run_watching_client(session, turn, sampling, client)
             session.commit(turn)
         self._count(session, turn, "generate", started)

@@ -43,6 +43,10 @@ def _empty(v: Any) -> bool:
     return not v
 
 
+SAMPLING_SEED_MAX = 2**64 - 1
+"""sampling_seed is a uint64 (the engine's sampler keys its generator by it): [0, 2**64 - 1]."""
+
+
 class SamplingParams(_Lenient):
     """SGLang sampling parameters; null means the default."""
 
@@ -62,7 +66,8 @@ class SamplingParams(_Lenient):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    sampling_seed: Optional[int] = None
+    spaces_between_special_tokens: bool = True
+    sampling_seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX)
     """Seeds this request's own generator: its samples do not depend on what else is batched."""
     n: int = Field(1, ge=1)
     """Parallel samples of the prompt (SGLang's n): the request fans out into n copies (split_batch)."""

@@ -9,10 +9,11 @@ in gateway/openai_api.py.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Union, get_args
+from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
+from asyncrl.protocols.engine import SAMPLING_SEED_MAX
 from asyncrl.types import SAMPLE_STATUSES
 
 FinishStatus = Literal["completed", "failed", "truncated", "aborted"]
@@ -26,15 +27,18 @@ class _Lenient(BaseModel):
 
 # Sessions API ------------------------------------------------------------------------------------
 class SessionSampling(_Lenient):
-    """Default sampling of the session's turns (SGLang names); a request's own values win."""
+    """Default sampling of the session's turns (SGLang names); a request's own values win. Types are strict
+    (no "0.7" for 0.7, no true for 1), as in every sampling field the gateway takes."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     temperature: Optional[float] = Field(None, ge=0.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     max_new_tokens: Optional[int] = Field(None, ge=0)
-    sampling_seed: Optional[int] = None
-    """Turn k of the session samples with seed sampling_seed + k (reproducible episodes)."""
+    sampling_seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX)
+    """Turn k of the session samples with seed sampling_seed + k, modulo 2**64 (reproducible episodes)."""
     allow_truncation: bool = False
     """The session's policy for truncated sampling (top_p < 1, top_k > 0, min_p > 0, min_new_tokens > 0):
     refused with a 400 naming the field unless true, since the recorded log-probs (and the trainer's) are
@@ -190,10 +194,13 @@ TOKEN_NATIVE_UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 class SessionGenerateRequest(_Lenient):
     """POST /sessions/{sid}/generate: engine /generate shape; input_ids are appended to the history."""
 
-    input_ids: list[int] = Field(min_length=0)
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    input_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=0)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     """SGLang sampling params; the chat template's stop tokens are not added (token-native callers decide).
-    gateway/sampling.py checks them (check_sampling: unknown, reshaping and, by policy, truncating ones)."""
+    gateway/sampling.py checks them (check_sampling: types and ranges as the engine's SamplingParams, unknown,
+    reshaping and, by policy, truncating ones)."""
     return_logprob: bool = True
     top_logprobs_num: int = Field(0, ge=0, le=20)
     """meta_info.output_top_logprobs: the top alternatives of each output token (return_logprob needed)."""
@@ -253,24 +260,27 @@ class ChatCompletionRequest(_Lenient):
     """none | auto | required | {"type": "function", "function": {"name": ...}} (gateway/openai_api.ToolPlan)."""
     parallel_tool_calls: Optional[bool] = None
     """false: the reply ends after its first tool call (the call's </tool_call> is a stop token)."""
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=-1)
+    # Sampling fields: strict types (no "0.7" for 0.7, no true for 1) and OpenAI's ranges, a 400 naming the
+    # field, before anything reaches an engine (where a bad value could fail the engine's whole batch).
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0, strict=True)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0, strict=True)
+    top_k: Optional[int] = Field(None, ge=-1, strict=True)
     """Extension (SGLang's): -1 disables."""
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0, strict=True)
     """Extension (SGLang's): 0 disables."""
-    max_tokens: Optional[int] = Field(None, ge=0)
-    max_completion_tokens: Optional[int] = Field(None, ge=0)
-    stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    n: Optional[int] = None
-    stream: bool = False
+    max_tokens: Optional[int] = Field(None, ge=0, strict=True)
+    max_completion_tokens: Optional[int] = Field(None, ge=0, strict=True)
+    stop: Optional[Union[StrictStr, list[StrictStr]]] = None
+    seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX, strict=True)
+    """The engine's sampling_seed: a uint64."""
+    n: Optional[int] = Field(None, strict=True)
+    stream: bool = Field(False, strict=True)
     stream_options: Optional[dict[str, Any]] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    logprobs: Optional[bool] = Field(None, strict=True)
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20, strict=True)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, strict=True)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, strict=True)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, strict=True)
     """Extension (SGLang's / vLLM's)."""
     logit_bias: Optional[dict[str, float]] = None
     response_format: Optional[dict[str, Any]] = None

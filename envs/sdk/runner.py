@@ -56,13 +56,14 @@ class Draining(AdmissionError):
 
 
 class _TurnCounter:
-    """Counts chat completion requests sent to the endpoint: the episode's model calls."""
+    """Counts the chat completions the endpoint answered: the episode's model calls. A failed attempt the
+    OpenAI client retries (a 503, a timeout) is not a turn: the gateway did not commit it either."""
 
     def __init__(self) -> None:
         self.turns = 0
 
-    async def on_request(self, request: httpx.Request) -> None:
-        if request.url.path.endswith("/chat/completions"):
+    async def on_response(self, response: httpx.Response) -> None:
+        if response.is_success and response.request.url.path.endswith("/chat/completions"):
             self.turns += 1
 
 
@@ -183,7 +184,7 @@ class EpisodeRunner:
 
     @asynccontextmanager
     async def _llm(self, req: EpisodeRequest, counter: _TurnCounter) -> AsyncIterator[AsyncOpenAI]:
-        http = httpx.AsyncClient(event_hooks={"request": [counter.on_request]}, verify=self._ssl,
+        http = httpx.AsyncClient(event_hooks={"response": [counter.on_response]}, verify=self._ssl,
                                  timeout=httpx.Timeout(req.deadline_s, connect=10.0))
         client = AsyncOpenAI(base_url=req.llm.base_url, api_key=req.llm.api_key or "none",
                              max_retries=self.llm_max_retries, http_client=http)

@@ -32,6 +32,8 @@ class Reply:
     """Answer this late (for deadline and cancellation tests)."""
     finish_reason: Optional[str] = None
     """None: tool_calls or stop, as the reply is; "length": the reply was cut at max_tokens."""
+    status: int = 200
+    """Another status: this attempt fails with it (the OpenAI client retries a 503 as the next step)."""
 
 
 def say(text: str, delay_s: float = 0.0) -> Reply:
@@ -93,6 +95,8 @@ class ScriptedLLM:
             reply = step(body["messages"]) if callable(step) else step
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
+            if reply.status != 200:
+                return JSONResponse({"error": {"message": f"scripted {reply.status}"}}, status_code=reply.status)
             return completion(body.get("model", "scripted"), reply)
 
         return app

@@ -98,6 +98,15 @@ async def test_model_outcomes_are_completed_or_truncated_by_turns_or_tokens(runn
     assert [counted(runner, "model", reason) for reason in ("completed", "max_turns", "max_tokens")] == [1, 1, 1]
 
 
+async def test_a_retried_model_call_is_one_turn(runner, scripted_llm):
+    """The OpenAI client retries a 503 (as a gateway answers when no engine came back in time): the episode
+    made one model call, not two."""
+    url, script = scripted_llm.script(Reply(status=503), say("finished"))
+    result = await runner.run(request("play", url))
+    assert outcome_of(result) == ("completed", "model", "completed") and len(script.requests) == 2
+    assert result.num_turns == 1
+
+
 async def test_an_env_result_without_a_reason_gets_its_status_default(runner, scripted_llm):
     class Plain(ScenarioEnv):
         async def run_episode(self, task_id, llm, sandbox, ctx):

@@ -8,8 +8,8 @@ from asyncrl.model.io import load_pretrained
 from tests.services import ServiceProcess
 
 
-def start_engine(checkpoint, workdir, *extra: str, name: str = "engine") -> ServiceProcess:
-    return ServiceProcess("rollout.server", ["--model", str(checkpoint), *extra], workdir, name=name)
+def start_engine(checkpoint, workdir, *extra: str, name: str = "engine", port: int = 0) -> ServiceProcess:
+    return ServiceProcess("rollout.server", ["--model", str(checkpoint), *extra], workdir, name=name, port=port)
 
 
 @pytest.fixture(scope="module")
