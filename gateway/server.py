@@ -21,13 +21,12 @@ from asyncrl.config import GatewayConfig
 from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
                                        EnginesResponse, FinishSessionRequest, SessionGenerateRequest,
                                        UpdateEnginesRequest)
-from asyncrl.service import install_metrics, parse_json_body, serve
+from asyncrl.service import GuardMiddleware, install_metrics, parse_json_body, serve
 from asyncrl.store import Store
 from asyncrl.tokenizer import BUILTIN_TINY, load_tokenizer
 from gateway.engines import EnginePool
-from gateway.errors import error_reply, install_error_handlers
+from gateway.errors import error_body, error_reply, install_error_handlers
 from gateway.generation import TurnRunner
-from gateway.guard import GuardMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import SessionRegistry
 from gateway.turns import Turns
@@ -67,7 +66,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
             await store.close()
 
     app = FastAPI(title="asyncrl TITO gateway", lifespan=lifespan)
-    app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes)
+    app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes,
+                       error_body=error_body)
     install_error_handlers(app)
     install_metrics(app, metrics.registry)
 
