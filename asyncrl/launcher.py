@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl.config import EnvServiceConfig, RunConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.run_summary import RunSummary, format_duration, summarize
@@ -307,7 +307,9 @@ class Job:
         args += ["--routing-replay"] if self.cfg.rollout.routing_replay else []
         for url in self.engines.urls():
             args += ["--engine", url]
-        return self._service("gateway", self.cfg.components.gateway, args, _token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token))
+        env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token),
+               **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
+        return self._service("gateway", self.cfg.components.gateway, args, env)
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
@@ -331,6 +333,8 @@ class Job:
         if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
             trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
                                   weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
+        trainer_cfg = replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push,
+                                                               engine_api_key=cfg.rollout.api_key))
         model = replace(cfg.model, path=model_path)
         actor = ray.remote(load(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.config import GatewayConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, GatewayConfig
 from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
                                        EnginesResponse, FinishSessionRequest, SessionGenerateRequest,
                                        UpdateEnginesRequest)
@@ -47,7 +47,8 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Store]) -> FastAPI:
     registry = store.engines if (cfg.engines_from_redis and store is not None) else None
-    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry)
+    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry,
+                      api_key=cfg.engine_api_key)
     metrics = GatewayMetrics(lambda: registry.active, lambda: sum(e.healthy for e in pool.engines.values()))
     runner = TurnRunner(pool, metrics, cfg.max_interruptions, routing_replay=cfg.routing_replay)
     registry = SessionRegistry(cfg, runner, store, metrics)
@@ -166,6 +167,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
     p.add_argument("--run", dest="run_name", default="asyncrl", help="run name (Redis key prefix)")
     p.add_argument("--auth-token", default=os.environ.get("ASYNCRL_GATEWAY_TOKEN"),
                    help="require Authorization: Bearer <token> on every route (default $ASYNCRL_GATEWAY_TOKEN)")
+    p.add_argument("--engine-api-key", default=os.environ.get(ENGINE_API_KEY_ENV),
+                   help=f"the engines' --api-key, sent to them as a bearer token (default ${ENGINE_API_KEY_ENV})")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --url-file)")
     p.add_argument("--url-file", help="write the bound URL here once serving")

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -20,7 +21,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from safetensors import SafetensorError
 
+from asyncrl.config import ENGINE_API_KEY_ENV
 from asyncrl.model.io import read_tensors
 from asyncrl.service import (GuardMiddleware, error_response, install_error_handlers,
                              install_metrics, parse_json_body, serve)
@@ -36,8 +39,6 @@ from rollout.weights import WeightsUpdateGroup, decode_tensors
 
 log = logging.getLogger("rollout.server")
 
-API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
-"""--api-key's default: how the launcher hands the key over without putting it on a command line."""
 OPEN_PATHS = ("/health", "/metrics")
 """What SGLang's --api-key leaves open (prefixes: /health_generate too), so probes and scrapers need no key."""
 OFFLOAD_PROMPT_SIZE = 16384
@@ -293,7 +294,7 @@ def build_app(engine: Engine) -> FastAPI:
                      ) -> JSONResponse:
         try:
             message = await asyncio.wrap_future(engine.update_weights(receive, strict, version, flush, abort_all))
-        except (ValueError, RuntimeError, OSError, KeyError) as err:
+        except (ValueError, RuntimeError, OSError, KeyError, SafetensorError) as err:  # a bad payload or checkpoint
             return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
         if version is not None:
             message += f" Weight version updated to {version}."
@@ -305,12 +306,22 @@ def build_app(engine: Engine) -> FastAPI:
                             body.abort_all_requests)
 
     @app.post("/update_weights_from_tensor")
-    async def update_weights_from_tensor(body: UpdateWeightsFromTensorRequest) -> JSONResponse:
-        tensors = decode_tensors(body.serialized_named_tensors, body.load_format)
+    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+        body = await parse_json_body(request, UpdateWeightsFromTensorRequest)  # a whole model: parsed off the loop
+        try:
+            tensors = await asyncio.to_thread(decode_tensors, body.serialized_named_tensors, body.load_format)
+        except ValueError as err:
+            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
         return await update(lambda: tensors, False, body.weight_version, body.flush_cache)
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        try:  # before the engine thread waits for rank 0 there
+            await asyncio.to_thread(socket.getaddrinfo, body.master_address, body.master_port)
+        except (socket.gaierror, UnicodeError) as err:
+            return JSONResponse({"success": False, "message": f"master_address {body.master_address!r} does not "
+                                 f"resolve ({err})"}, status_code=400)
+
         def init() -> None:
             state["group"] = WeightsUpdateGroup(body.master_address, body.master_port, body.rank_offset,
                                                 body.world_size, body.backend, body.group_name)
@@ -417,9 +428,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
                    help="record each token's routed experts so requests may ask for them (SGLang's flag)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="stream events carry only the new tokens, text and log-probs (SGLang's flag)")
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+    p.add_argument("--api-key", default=os.environ.get(ENGINE_API_KEY_ENV),
                    help=f"require Authorization: Bearer <key> on every route but /health*, /metrics (SGLang's flag; "
-                        f"default ${API_KEY_ENV}, which keeps it off the command line)")
+                        f"default ${ENGINE_API_KEY_ENV}, which keeps it off the command line)")
     p.add_argument("--max-request-bytes", type=int, default=EngineArgs.max_request_bytes,
                    help="largest request body (413 beyond); update_weights_from_tensor has no limit")
     p.add_argument("--url-file", help="write the bound URL here once serving")

@@ -356,7 +356,7 @@ class UpdateWeightsFromDiskRequest(_Lenient):
 
 
 class UpdateWeightsFromTensorRequest(_Lenient):
-    serialized_named_tensors: list[str]
+    serialized_named_tensors: list[StrictStr]
     """One entry per tensor-parallel rank (one here). With load_format `asyncrl_safetensors_b64`
     each entry is a base64 string of a safetensors blob holding the named tensors (docs/engine.md)."""
     load_format: Optional[str] = None
@@ -365,18 +365,25 @@ class UpdateWeightsFromTensorRequest(_Lenient):
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):
-    master_address: str
-    master_port: int = Field(ge=1, le=65535)
-    rank_offset: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    group_name: str = "weight_update_group"
+    master_address: StrictStr = Field(min_length=1)
+    """Host name or IP of rank 0 (the trainer); the engine checks that it resolves before joining."""
+    master_port: StrictInt = Field(ge=1, le=65535)
+    rank_offset: StrictInt = Field(ge=1)
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
     backend: Literal["gloo", "nccl"] = "gloo"
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> "InitWeightsUpdateGroupRequest":
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} must be below world_size {self.world_size}")
+        return self
 
 
 class UpdateWeightsFromDistributedRequest(_Lenient):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
+    names: list[StrictStr]
+    dtypes: list[Literal["float32", "bfloat16", "float16"]]
+    shapes: list[list[Annotated[int, Strict(), Field(ge=0)]]]
     group_name: str = "weight_update_group"
     weight_version: Optional[str] = None
     flush_cache: bool = True
