@@ -7,8 +7,10 @@ import time
 import httpx
 import pytest
 
+from asyncrl.config import ENGINE_API_KEY_ENV
 from asyncrl.engine_client import EngineClient, EngineError
 from tests.rollout.conftest import start_engine
+from tests.services import ServiceProcess
 
 KEY = "engine-secret"
 MAX_BYTES = 4 * 1024 * 1024
@@ -72,3 +74,22 @@ async def test_health_answers_fast_while_a_maximal_request_is_tokenized(keyed_en
     assert response.status_code == 400 and "context length" in response.json()["error"]
     assert time.monotonic() - started > 1.0 and len(latencies) >= 5, "the request was too quick to test anything"
     assert max(latencies) < 0.5, latencies
+
+
+@pytest.mark.parametrize("key", [KEY, None])
+async def test_the_gateway_reaches_a_keyed_engine_with_its_key(keyed_engine, tmp_path, key):
+    """With --engine-api-key the gateway's turns reach the engine; without it the engine refuses them, and
+    the turn's error says why."""
+    args = ["--engine", keyed_engine.url, "--engine-timeout-s", "10"] + (["--engine-api-key", key] if key else [])
+    gateway = ServiceProcess("gateway.server", args, tmp_path, name="gateway", env={ENGINE_API_KEY_ENV: ""})
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            turn = await http.post(f"/sessions/{sid}/generate",
+                                   json={"input_ids": [1006, 1008], "sampling_params": {"max_new_tokens": 2}})
+        if key:
+            assert turn.status_code == 200 and len(turn.json()["output_ids"]) == 2, turn.text
+        else:
+            assert turn.status_code >= 400 and "bearer token" in turn.json()["error"], turn.text
+    finally:
+        assert gateway.stop() == 0, gateway.log()
