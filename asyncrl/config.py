@@ -91,6 +91,11 @@ def is_truncating(name: str, value: Any) -> bool:
     return value != TRUNCATING_SAMPLING[name]
 
 
+ENGINE_API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
+"""Where the launcher hands rollout.api_key to the built-in engine and the gateway (their --api-key and
+--engine-api-key default), so that it stays off their command lines."""
+
+
 @dataclass
 class RolloutConfig:
     backend: str = "cpu"
@@ -114,6 +119,9 @@ class RolloutConfig:
     streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""
     health_check_interval_s: float = 10.0
     health_check_timeout_s: float = 30.0
+    api_key: Optional[str] = field(default=None, repr=False)
+    """Engine API key (SGLang's --api-key): every engine route but /health*, /metrics wants
+    `Authorization: Bearer <key>`; the launcher gives it to the engines, the gateway and the trainer."""
     sglang_args: list[str] = field(default_factory=list)
     """Extra command-line flags passed to `python -m sglang.launch_server` (GPU backend)."""
     cpu_args: list[str] = field(default_factory=list)
@@ -162,6 +170,8 @@ class GatewayConfig:
     routing_replay: bool = False
     """Ask engines for each call's routed experts and store them with the samples. Set by the launcher
     from rollout.routing_replay."""
+    engine_api_key: Optional[str] = field(default=None, repr=False)
+    """Sent to the engines as `Authorization: Bearer <key>`. Set by the launcher from rollout.api_key."""
 
 
 @dataclass
@@ -366,6 +376,8 @@ class WeightPushConfig:
     from every engine (SGLang's /get_weights_by_name) and compare them with what was sent: an engine that
     serves other values counts as failed and is restarted with the pushed weights. An engine that cannot
     answer the read (an SGLang model without get_weights_by_name) is logged, not failed; turn it off there."""
+    engine_api_key: Optional[str] = field(default=None, repr=False)
+    """Sent to the engines as `Authorization: Bearer <key>`. Set by the launcher from rollout.api_key."""
 
 
 @dataclass

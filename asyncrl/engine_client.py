@@ -94,10 +94,14 @@ class AiohttpTransport:
 
 class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0, retries: int = 3,
-                 client: Optional[httpx.AsyncClient] = None, transport: Optional[AiohttpTransport] = None) -> None:
+                 client: Optional[httpx.AsyncClient] = None, transport: Optional[AiohttpTransport] = None,
+                 api_key: Optional[str] = None) -> None:
         """`client` carries streams (and unary calls unless `transport` is given); both may be shared
-        by many EngineClients and are then closed by their owner."""
+        by many EngineClients and are then closed by their owner. `api_key`: the engine's --api-key,
+        sent as `Authorization: Bearer <key>` on every call."""
         self.base_url = base_url.rstrip("/")
+        self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json_headers = {"content-type": "application/json", **self._auth}
         self.timeout_s = timeout_s
         self.retries = retries
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -120,7 +124,7 @@ class EngineClient:
                        timeout_s: Optional[float] = None) -> httpx.Response | RawResponse:
         url = f"{self.base_url}{path}"
         content = orjson.dumps(body) if body is not None else None
-        headers = {"content-type": "application/json"} if body is not None else None
+        headers = self._json_headers if body is not None else (self._auth or None)
         retryable = httpx.TransportError if idempotent else (httpx.ConnectError, httpx.ConnectTimeout)
         for attempt in range(self.retries + 1):
             try:
@@ -184,7 +188,7 @@ class EngineClient:
                 **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}),
                 **({"return_routed_experts": True} if return_routed_experts else {})}
         async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
-                                       headers={"content-type": "application/json"}) as response:
+                                       headers=self._json_headers) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise EngineError(self.base_url, response.status_code, _error_message(response))

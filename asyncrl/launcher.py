@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl.config import EnvServiceConfig, RunConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.run_summary import RunSummary, format_duration, summarize
@@ -300,8 +300,9 @@ class Job:
 
     def _start_gateway(self) -> str:
         args = gateway_args(self.cfg, self.redis_url, self.engines.urls())
-        return self._service("gateway", self.cfg.components.gateway, args,
-                             _token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token))
+        env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token),
+               **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
+        return self._service("gateway", self.cfg.components.gateway, args, env)
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
@@ -326,10 +327,7 @@ class Job:
         import ray
 
         cfg = self.cfg
-        trainer_cfg = cfg.trainer
-        if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
-            trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
-                                  weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
+        trainer_cfg = trainer_config(cfg)
         model = replace(cfg.model, path=model_path)
         actor = ray.remote(load(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
@@ -603,6 +601,15 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
         if merged:
             args += [flag, ",".join(f"{k}={v}" for k, v in merged.items())]
     return args
+
+
+def trainer_config(cfg: RunConfig) -> TrainerConfig:
+    """The trainer's config for this run: sync mode's schedule, and the engines' API key for its pushes."""
+    trainer_cfg = cfg.trainer
+    if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
+        trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
+                              weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
+    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=cfg.rollout.api_key))
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

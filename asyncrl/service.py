@@ -1,4 +1,5 @@
-"""What every asyncrl HTTP service shares: binding (port 0 included), JSON errors, /metrics, SIGTERM.
+"""What every asyncrl HTTP service shares: binding (port 0 included), JSON errors, /metrics, SIGTERM,
+a guard (bearer token, request-size limit) and JSON bodies parsed off the event loop when large.
 
 Each service builds its FastAPI app and calls `serve(app, host, port, url_file=...)`. The bound URL is
 printed (`listening on http://127.0.0.1:PORT`) and optionally written to a file, so a parent that
@@ -8,11 +9,12 @@ asked for port 0 learns the port without races.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import signal
 import socket
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import orjson
 import uvicorn
@@ -28,9 +30,17 @@ BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 log = logging.getLogger("asyncrl.service")
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+OFFLOAD_JSON_BYTES = 256 * 1024
+"""A JSON body larger than this is parsed and validated in a thread, so /health keeps answering."""
+
+
+def error_content(status: int, message: str) -> dict[str, Any]:
     """The error body of every asyncrl service: {"error": message} (plus OpenAI-style fields)."""
-    return JSONResponse({"error": message, "object": "error", "message": message, "code": status}, status_code=status)
+    return {"error": message, "object": "error", "message": message, "code": status}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_content(status, message), status_code=status)
 
 
 def validation_message(exc: RequestValidationError) -> str:
@@ -44,8 +54,15 @@ def validation_message(exc: RequestValidationError) -> str:
 
 async def parse_json_body(request: Request, model: type[BaseModelT]) -> BaseModelT:
     """Parse a JSON body whatever its Content-Type (curl -d sends form encoding), into `model`;
-    malformed JSON and schema violations raise RequestValidationError (-> 400 naming the field)."""
+    malformed JSON and schema violations raise RequestValidationError (-> 400 naming the field).
+    A large body is parsed in a thread (the event loop keeps serving meanwhile)."""
     raw = await request.body()
+    if len(raw) > OFFLOAD_JSON_BYTES:
+        return await asyncio.to_thread(parse_json, raw, model)
+    return parse_json(raw, model)
+
+
+def parse_json(raw: bytes, model: type[BaseModelT]) -> BaseModelT:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
@@ -100,6 +117,84 @@ def install_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+ASGIApp = Callable[..., Any]
+ErrorBody = Callable[[str, int, str], bytes]
+"""(path, status, message) -> the service's JSON error body."""
+
+
+def default_error_body(_path: str, status: int, message: str) -> bytes:
+    return orjson.dumps(error_content(status, message))
+
+
+class GuardMiddleware:
+    """ASGI middleware in front of every route: optional bearer token (401) and request-size limit (413).
+
+    Plain ASGI rather than Starlette's BaseHTTPMiddleware: it adds microseconds, not a task per request.
+    The size limit checks Content-Length up front and counts the bytes of chunked bodies as they come
+    (raising HTTPException 413 inside the app, whose error handler answers). `open_prefixes`: paths
+    that need no token (SGLang's --api-key leaves /health* and /metrics open, and CORS preflights);
+    `also_authorized(path, headers)`: a second way in when the token does not match (the gateway's
+    per-session credentials, which open their own session's routes only); `route_limits`: per-path
+    size limits replacing `max_request_bytes` (None: unlimited)."""
+
+    def __init__(self, app: ASGIApp, auth_token: Optional[str], max_request_bytes: int,
+                 error_body: ErrorBody = default_error_body, open_prefixes: tuple[str, ...] = (),
+                 route_limits: Mapping[str, Optional[int]] = {},
+                 also_authorized: Optional[Callable[[str, dict], bool]] = None) -> None:
+        self.app = app
+        self.expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self.max_request_bytes = max_request_bytes
+        self.error_body = error_body
+        self.open_prefixes = open_prefixes
+        self.route_limits = dict(route_limits)
+        self.also_authorized = also_authorized
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = dict(scope["headers"])
+        if self.expected is not None and not self._open(scope) and not self._authorized(path, headers):
+            return await self._reply(send, path, 401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+                                     [(b"www-authenticate", b"Bearer")])
+        limit = self.route_limits.get(path, self.max_request_bytes)
+        if limit is None:
+            return await self.app(scope, receive, send)
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await self._reply(send, path, 413, f"request body of {int(length)} bytes exceeds {limit}")
+        received = 0
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:  # the app's error handler answers 413
+                    raise StarletteHTTPException(413, f"request body exceeds {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _authorized(self, path: str, headers: dict) -> bool:
+        if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return True
+        return self.also_authorized is not None and self.also_authorized(path, headers)
+
+    def _open(self, scope: dict) -> bool:
+        """With open prefixes (SGLang's semantics), those paths and CORS preflights need no token."""
+        if not self.open_prefixes:
+            return False
+        return scope["method"] == "OPTIONS" or scope["path"].startswith(self.open_prefixes)
+
+    async def _reply(self, send: Callable, path: str, status: int, message: str, extra_headers: list = ()) -> None:
+        body = self.error_body(path, status, message)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   *extra_headers]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

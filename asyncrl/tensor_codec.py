@@ -8,8 +8,10 @@ machines, zero-copy to decode, and any subset of the weights may be sent.
 from __future__ import annotations
 
 import base64
+import binascii
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
@@ -22,4 +24,8 @@ def encode_named_tensors(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def decode_named_tensors(payload: str) -> dict[str, torch.Tensor]:
-    return load_safetensors_bytes(base64.b64decode(payload))
+    """Raises ValueError when `payload` is not base64 of a safetensors blob (a client's mistake, not a crash)."""
+    try:
+        return load_safetensors_bytes(base64.b64decode(payload, validate=True))
+    except (binascii.Error, SafetensorError) as err:
+        raise ValueError(f"not the base64 of a safetensors blob ({type(err).__name__}: {err})") from None

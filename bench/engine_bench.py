@@ -101,8 +101,8 @@ def engine_inprocess_round(engine: Engine, concurrency: int, new_tokens: int) ->
 
     def submit(rid: str, prompt: list[int], seed: int) -> Req:
         sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, sampling_seed=seed)
-        return engine.submit(GenerateItem(rid=rid, input_ids=prompt, sampling=sampling),
-                             lambda req: finished.release() if req.finished else None)
+        return engine.submit(engine.request(GenerateItem(rid=rid, input_ids=prompt, sampling=sampling),
+                                            lambda req: finished.release() if req.finished else None))
 
     submit("warm-up", prompts(1)[0], 0)
     finished.acquire()

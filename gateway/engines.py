@@ -48,9 +48,12 @@ class EngineState:
 
 class EnginePool:
     def __init__(self, urls: Iterable[str], timeout_s: float, load_factor: float, health_interval_s: float,
-                 virtual_nodes: int = 100, registry: Optional[Callable[[], Awaitable[dict[str, str]]]] = None) -> None:
-        """`registry`: when given, the engine set follows it (engine_id -> URL) at every health round."""
+                 virtual_nodes: int = 100, registry: Optional[Callable[[], Awaitable[dict[str, str]]]] = None,
+                 api_key: Optional[str] = None) -> None:
+        """`registry`: when given, the engine set follows it (engine_id -> URL) at every health round.
+        `api_key`: the engines' --api-key."""
         self.timeout_s = timeout_s
+        self.api_key = api_key
         self.registry = registry
         self.load_factor = load_factor
         self.health_interval_s = health_interval_s
@@ -76,7 +79,8 @@ class EnginePool:
             self._wake()
 
     def _client(self, url: str) -> EngineClient:
-        return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http, transport=self.transport)
+        return EngineClient(url, timeout_s=self.timeout_s, retries=0, client=self.http, transport=self.transport,
+                            api_key=self.api_key)
 
     def pick(self, session_id: str, exclude: frozenset[str] = frozenset()) -> Optional[EngineState]:
         """The session's engine by the bounded-load ring over healthy engines; if none is healthy,

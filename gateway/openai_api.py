@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.protocols.engine import SAMPLING_SEED_MAX
+from asyncrl.protocols.engine import MAX_SEED
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionSampling
 from asyncrl.tokenizer import Tokenizer
 
@@ -32,7 +32,7 @@ def turn_sampling(defaults: SessionSampling, turn_index: int, *, temperature=Non
     """SGLang sampling params of one turn: the request's values, else the session's defaults.
     A session seed s gives turn k the seed s + k modulo 2**64 (reproducible, yet turns differ; a uint64)."""
     if seed is None and defaults.sampling_seed is not None:
-        seed = (defaults.sampling_seed + turn_index) % (SAMPLING_SEED_MAX + 1)
+        seed = (defaults.sampling_seed + turn_index) % (MAX_SEED + 1)
     params = {"temperature": first(temperature, defaults.temperature), "top_p": first(top_p, defaults.top_p),
               "top_k": first(top_k, defaults.top_k), "min_p": first(min_p, defaults.min_p),
               "max_new_tokens": first(max_new_tokens, defaults.max_new_tokens),

@@ -17,17 +17,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.config import GatewayConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, GatewayConfig
 from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
                                        EnginesResponse, FinishSessionRequest, SessionGenerateRequest,
                                        UpdateEnginesRequest)
-from asyncrl.service import install_metrics, json_body, parse_json_body, serve
+from asyncrl.service import GuardMiddleware, install_metrics, json_body, parse_json_body, serve
 from asyncrl.store import Store
 from asyncrl.tokenizer import BUILTIN_TINY, load_tokenizer
 from gateway.engines import EnginePool
-from gateway.errors import error_reply, install_error_handlers
+from gateway.errors import error_body, error_reply, install_error_handlers
 from gateway.generation import TurnRunner
-from gateway.guard import GuardMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import SessionRegistry
 from gateway.turns import Turns
@@ -48,7 +47,8 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Store]) -> FastAPI:
     registry = store.engines if (cfg.engines_from_redis and store is not None) else None
-    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry)
+    pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s, registry=registry,
+                      api_key=cfg.engine_api_key)
     metrics = GatewayMetrics(lambda: registry.active, lambda: sum(e.healthy for e in pool.engines.values()))
     runner = TurnRunner(pool, metrics, cfg.max_interruptions, engine_wait_s=cfg.engine_wait_s,
                         routing_replay=cfg.routing_replay)
@@ -69,7 +69,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
 
     app = FastAPI(title="asyncrl TITO gateway", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes,
-                       also_authorized=registry.session_credential_opens)
+                       error_body=error_body, also_authorized=registry.session_credential_opens)
     install_error_handlers(app)
     install_metrics(app, metrics.registry)
 
@@ -170,6 +170,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[GatewayConfig, str]:
     p.add_argument("--auth-token", default=os.environ.get("ASYNCRL_GATEWAY_TOKEN"),
                    help="require Authorization: Bearer <token> on every route, or the session's own api_key on its "
                         "model routes (default $ASYNCRL_GATEWAY_TOKEN)")
+    p.add_argument("--engine-api-key", default=os.environ.get(ENGINE_API_KEY_ENV),
+                   help=f"the engines' --api-key, sent to them as a bearer token (default ${ENGINE_API_KEY_ENV})")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --url-file)")
     p.add_argument("--url-file", help="write the bound URL here once serving")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from asyncrl.config import RolloutConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, RolloutConfig
 from asyncrl.process import spawn
 
 
@@ -71,6 +71,10 @@ class CpuBackend(EngineBackend):
             argv += ["--tokenizer", spec.tokenizer_path]
         return argv + self.common_flags() + list(cfg.cpu_args)
 
+    def environment(self) -> dict[str, str]:
+        """The API key goes by environment (the engine's --api-key default), not on the visible command line."""
+        return {ENGINE_API_KEY_ENV: self.cfg.api_key} if self.cfg.api_key else {}
+
 
 class SGLangBackend(EngineBackend):
     """SGLang 0.5.23 for GlmMoeDsaForCausalLM: the `dsa` attention backend with torch top-k.
@@ -96,7 +100,11 @@ class SGLangBackend(EngineBackend):
                 "--max-running-requests", str(cfg.max_running_requests),
                 "--chunked-prefill-size", str(cfg.chunked_prefill_size),
                 "--max-total-tokens", str(cfg.max_total_tokens), "--random-seed", str(spec.seed),
-                "--trust-remote-code", *self.common_flags(), *cfg.sglang_args]
+                "--trust-remote-code", *self.common_flags(), *self._api_key_flags(), *cfg.sglang_args]
+
+    def _api_key_flags(self) -> list[str]:
+        """SGLang reads its API key from the command line only (visible in `ps` on the engine's node)."""
+        return ["--api-key", self.cfg.api_key] if self.cfg.api_key else []
 
     def environment(self) -> dict[str, str]:
         return {"SGLANG_DSA_FUSE_TOPK": "0"}  # the torch top-k path needs the unfused kernel

@@ -68,6 +68,10 @@ class EngineArgs:
     enable_return_routed_experts: bool = False
     """SGLang's: record every token's routed experts (4 bytes x layers x top-k per KV slot) so that requests
     may ask for them (return_routed_experts, for rollout routing replay)."""
+    api_key: Optional[str] = field(default=None, repr=False)
+    """SGLang's --api-key: every route but /health*, /metrics wants `Authorization: Bearer <key>` (never reported)."""
+    max_request_bytes: int = 64 * 1024 * 1024
+    """Largest request body, bytes (413 beyond); update_weights_from_tensor, which carries whole models, has none."""
 
 
 @dataclass
@@ -133,32 +137,41 @@ class Engine:
         self._wake.set()
         return command.future
 
-    def submit(self, item: GenerateItem, on_update: Callable[[Req], None]) -> Req:
-        """Validate and enqueue a request (raises ValueError for a request it can never serve)."""
+    def request(self, item: GenerateItem, on_update: Callable[[Req], None]) -> Req:
+        """Tokenize and validate one item (raises ValueError, naming the field, for a request it can never
+        serve). Any thread: a long text is tokenized without the GIL, so callers may run this off their loop."""
         prompt = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
         self._validate(item, prompt)
         params = item.sampling
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         seed = params.sampling_seed if params.sampling_seed is not None else self._rng.getrandbits(63)
-        req = Req(item=item, prompt=list(prompt), seed=seed, stop_ids=stop_ids, on_update=on_update)
+        return Req(item=item, prompt=list(prompt), seed=seed, stop_ids=stop_ids, on_update=on_update)
+
+    def submit(self, req: Req) -> Req:
+        """Enqueue a request made by `request`."""
         self.call(lambda: self.scheduler.add(req))
         return req
 
     def _validate(self, item: GenerateItem, prompt: list[int]) -> None:
+        vocab = self.config.vocab_size
         if not prompt:
-            raise ValueError("the prompt is empty")
-        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
-        if len(prompt) + item.sampling.max_new_tokens > self.context_length:
-            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({item.sampling.max_new_tokens}) exceeds "
-                             f"the context length {self.context_length}")
+            raise ValueError("input_ids: the prompt is empty")
+        if len(prompt) + item.sampling.max_new_tokens > self.context_length:  # before the O(prompt) scan below
+            raise ValueError(f"input_ids: prompt ({len(prompt)}) + max_new_tokens ({item.sampling.max_new_tokens}) "
+                             f"exceeds the context length {self.context_length}")
+        if item.input_ids is not None and max(prompt) >= vocab:
+            bad = [t for t in prompt if t >= vocab]
+            raise ValueError(f"input_ids: ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if any(t >= vocab for t in item.sampling.stop_token_ids):
+            raise ValueError(f"sampling_params.stop_token_ids: ids outside the vocabulary [0, {vocab}): "
+                             f"{[t for t in item.sampling.stop_token_ids if t >= vocab][:5]}")
         if item.return_logprob and item.logprob_start_len > len(prompt):
-            raise ValueError(f"logprob_start_len {item.logprob_start_len} is larger than the prompt ({len(prompt)} tokens)")
-        if item.top_logprobs_num < 0 or item.top_logprobs_num > self.config.vocab_size:
-            raise ValueError(f"top_logprobs_num must be in [0, {self.config.vocab_size}]")
+            raise ValueError(f"logprob_start_len: {item.logprob_start_len} is larger than the prompt "
+                             f"({len(prompt)} tokens)")
+        if item.top_logprobs_num > vocab:
+            raise ValueError(f"top_logprobs_num: must be in [0, {vocab}]")
         if item.sampling.min_new_tokens > item.sampling.max_new_tokens:
-            raise ValueError("min_new_tokens must be <= max_new_tokens")
+            raise ValueError("sampling_params.min_new_tokens: must be <= max_new_tokens")
         if item.return_routed_experts and not self.args.enable_return_routed_experts:
             raise ValueError("return_routed_experts: the engine records routing only when started with "
                              "--enable-return-routed-experts")
@@ -270,7 +283,8 @@ class Engine:
 
     # Introspection ----------------------------------------------------------------------------
     def server_info(self) -> dict[str, Any]:
-        return {**asdict(self.args), "context_length": self.context_length, "version": VERSION,
+        args = {k: v for k, v in asdict(self.args).items() if k != "api_key"}
+        return {**args, "context_length": self.context_length, "version": VERSION,
                 "weight_version": self.weight_version, "max_total_num_tokens": self.args.max_total_tokens,
                 "kv_cache_bytes_per_token": self.kv_bytes_per_token, "pid": os.getpid(),
                 "memory_released": sorted(self.released)}

@@ -10,6 +10,13 @@ Memory: the pool holds `max_total_tokens` slots. Slots are allocated just before
 pool is short, unlocked radix-cache leaves are evicted (LRU), and if that is not enough the most
 recently admitted running request is retracted: its computed KV goes back into the radix cache and
 it re-enters the waiting queue at the front, resuming (mostly from cache) when memory frees up.
+
+Isolation: a step has a batched part (forward, sampling), which changes no request, and a
+per-request part (log-probs, appending the token, stop checks, detokenizing, the update callback),
+guarded request by request. A failure in the per-request part aborts that request alone; a failure
+in the batched part re-runs the step one request at a time, so only the requests that cause it are
+aborted (finish_reason abort, with the error) and the others continue with the tokens they would
+have had (sampling is counter-based: a request's tokens do not depend on its batch).
 Nothing runs out of memory and nothing is lost.
 
 Fairness: admission is first-come-first-served with retracted requests ahead of new ones; the
@@ -29,7 +36,7 @@ import torch
 from asyncrl.model.batch import ForwardBatch
 from rollout.prefix_cache import RadixCache
 from rollout.request import Req
-from rollout.sampler import SamplingBatch, sample
+from rollout.sampler import SampleOutput, SamplingBatch, sample
 from rollout.token_pool import TokenPool
 
 log = logging.getLogger("rollout.scheduler")
@@ -56,6 +63,20 @@ class _Extend:
 
     def __post_init__(self) -> None:
         self.completes = self.req.num_computed + self.take == self.req.all_len
+
+
+@dataclass(slots=True)
+class _Step:
+    """What the batched part of a step computed, per request."""
+
+    logits: torch.Tensor
+    input_rows: dict[Req, list[int]]
+    """Rows of `logits` that score each request's prompt tokens (for input log-probs)."""
+    sample_index: dict[Req, int]
+    """Row of `out` that is each sampled request's next token."""
+    out: Optional[SampleOutput]
+    tokens: list[int]
+    logprobs: list[float]
 
 
 class Scheduler:
@@ -108,10 +129,7 @@ class Scheduler:
                 if rid is None or r.rid == rid or (prefix and r.rid.startswith(rid))]
         for req in hits:
             req.abort(message)
-            if req in self.running:
-                self._release(req, finished=True)
-            else:
-                self.waiting.remove(req)
+            self._leave(req)
             req.on_update(req)
         return len(hits)
 
@@ -208,20 +226,71 @@ class Scheduler:
 
     # Forward + sampling --------------------------------------------------------------------------
     def _run(self, plan: list[_Extend]) -> None:
+        try:
+            step = self._compute(plan)
+        except Exception as err:
+            if len(plan) == 1:
+                self._free_step_slots(plan[0])
+                self._fail(plan[0].req, err)
+                return
+            log.warning("a step of %d requests failed (%s: %s): running them one at a time to find the cause",
+                        len(plan), type(err).__name__, err)
+            for e in plan:
+                self._run([e])
+            return
+        for e in plan:
+            self._apply(e, step)
+
+    def _compute(self, plan: list[_Extend]) -> "_Step":
+        """The batched part of a step: forward and sampling. It changes no request, so it can be re-run."""
         batch, sample_rows, input_rows = self._forward_batch(plan)
         logits = self.forward(batch)  # [M, V]
-        for e, rows in input_rows:
-            self._record_input_logprobs(e, logits[rows])
-        sampled = [e for e in plan if e.completes]
-        for e in plan:
-            e.req.num_computed += e.take
+        sampled = [e.req for e in plan if e.completes]
+        out = None
         if sampled:
-            self._sample(sampled, logits[sample_rows])
-        for e in plan:
-            if e.req.finished:
-                self._release(e.req, finished=True)
-            if e.completes or e.req.finished:
-                e.req.on_update(e.req)
+            out = sample(logits[sample_rows], self._sampling_batch(sampled),
+                         banned=self._banned(sampled, logits.shape[-1]))
+        tokens, logprobs = (out.token_ids.tolist(), out.logprobs.tolist()) if out is not None else ([], [])
+        return _Step(logits, {e.req: rows for e, rows in input_rows}, {req: i for i, req in enumerate(sampled)},
+                     out, tokens, logprobs)
+
+    def _apply(self, e: _Extend, step: "_Step") -> None:
+        """One request's part of a step; a failure here aborts that request alone."""
+        req = e.req
+        start, req.num_computed = req.num_computed, req.num_computed + e.take  # the KV is written
+        try:
+            if req in step.input_rows:
+                self._record_input_logprobs(req, start, step.logits[step.input_rows[req]])
+            if req in step.sample_index:
+                self._take_sample(req, step, step.sample_index[req])
+            if req.finished:
+                self._release(req, finished=True)
+            if e.completes or req.finished:
+                req.on_update(req)
+        except Exception as err:
+            self._fail(req, err)
+
+    def _fail(self, req: Req, err: Exception) -> None:
+        """Abort one request for an error it caused; the rest of the batch carries on."""
+        log.error("request %s failed in the engine; aborting it alone", req.rid, exc_info=err)
+        req.finish_reason = {"type": "abort", "message": f"request failed in the engine: {type(err).__name__}: {err}"}
+        self._leave(req)
+        try:
+            req.on_update(req)
+        except Exception:
+            log.exception("request %s: its update callback failed", req.rid)
+
+    def _free_step_slots(self, e: _Extend) -> None:
+        """The slots allocated for a step that did not run (its KV is not computed)."""
+        req = e.req
+        self.pool.free(self._req_to_slot[req.row, req.num_computed:req.num_computed + e.take].numpy().copy())
+
+    def _leave(self, req: Req) -> None:
+        """Take a finished (aborted) request out of the running batch or the waiting queue."""
+        if req in self.running:
+            self._release(req, finished=True)
+        elif req in self.waiting:
+            self.waiting.remove(req)
 
     def _forward_batch(self, plan: list[_Extend]):
         ids, extend_lens, context_lens, rows = [], [], [], []
@@ -252,11 +321,11 @@ class Scheduler:
         )
         return batch, [position[r] for r in sample_rows], [(e, [position[r] for r in rs]) for e, rs in input_rows]
 
-    def _record_input_logprobs(self, e: _Extend, logits: torch.Tensor) -> None:
-        """Log-probs of prompt tokens (position p scores prompt[p + 1]), first entry None."""
-        req = e.req
-        first_scored = max(req.item.logprob_start_len, req.num_computed + 1)
-        if req.item.logprob_start_len == 0 and req.num_computed == 0:
+    def _record_input_logprobs(self, req: Req, start: int, logits: torch.Tensor) -> None:
+        """Log-probs of prompt tokens (position p scores prompt[p + 1]), first entry None; `start`: the
+        request's computed tokens before this step."""
+        first_scored = max(req.item.logprob_start_len, start + 1)
+        if req.item.logprob_start_len == 0 and start == 0:
             req.input_logprobs.append(None)
             req.input_top_logprobs.append(None)
         targets = torch.tensor(req.prompt[first_scored:first_scored + logits.shape[0]], dtype=torch.long)
@@ -266,17 +335,14 @@ class Scheduler:
         if req.item.top_logprobs_num > 0:
             req.input_top_logprobs.extend(_top(logprobs, req.item.top_logprobs_num))
 
-    def _sample(self, extends: list[_Extend], logits: torch.Tensor) -> None:
-        reqs = [e.req for e in extends]
-        out = sample(logits, self._sampling_batch(reqs), banned=self._banned(reqs, logits.shape[-1]))
-        tokens, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
-        for i, req in enumerate(reqs):
-            if req.item.sampling.max_new_tokens == 0:
-                req.finish_reason = {"type": "length", "length": 0}
-                continue
-            top = _top(out.logprob_rows[i:i + 1], req.item.top_logprobs_num)[0] if req.item.top_logprobs_num else None
-            req.append_token(tokens[i], logprobs[i], self.weight_version, top)
-            req.check_stop_strings(self.decode_text)
+    def _take_sample(self, req: Req, step: "_Step", i: int) -> None:
+        """Row i of the step's sample becomes the request's next token (or finishes a prefill-only request)."""
+        if req.item.sampling.max_new_tokens == 0:
+            req.finish_reason = {"type": "length", "length": 0}
+            return
+        top = _top(step.out.logprob_rows[i:i + 1], req.item.top_logprobs_num)[0] if req.item.top_logprobs_num else None
+        req.append_token(step.tokens[i], step.logprobs[i], self.weight_version, top)
+        req.check_stop_strings(self.decode_text)
 
     def _sampling_batch(self, reqs: list[Req]) -> SamplingBatch:
         params = [r.item.sampling for r in reqs]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -19,10 +21,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from safetensors import SafetensorError
 
+from asyncrl.config import ENGINE_API_KEY_ENV
 from asyncrl.model.io import read_tensors
-from asyncrl.service import (error_response, install_error_handlers, install_metrics, json_body, parse_json_body,
-                             serve)
+from asyncrl.service import (GuardMiddleware, error_response, install_error_handlers, install_metrics, json_body,
+                             parse_json_body, serve)
 from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
 from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
                               GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, MemoryOccupationRequest,
@@ -34,6 +38,13 @@ from rollout.response import StreamView, response_body
 from rollout.weights import WeightsUpdateGroup, decode_tensors
 
 log = logging.getLogger("rollout.server")
+
+OPEN_PATHS = ("/health", "/metrics")
+"""What SGLang's --api-key leaves open (prefixes: /health_generate too), so probes and scrapers need no key."""
+OFFLOAD_PROMPT_SIZE = 16384
+"""Prompt characters or ids of one /generate call above which it is tokenized and validated in a thread."""
+WEIGHT_PUSH_ROUTES = {"/update_weights_from_tensor": None}
+"""Routes without a body limit: a tensor push carries the whole model (protect them with --api-key)."""
 
 
 class _LoadGauges(Collector):
@@ -80,15 +91,18 @@ def build_app(engine: Engine) -> FastAPI:
         engine.stop()
 
     app = FastAPI(title="asyncrl CPU engine (SGLang native API)", lifespan=lifespan)
+    app.add_middleware(GuardMiddleware, auth_token=engine.args.api_key, max_request_bytes=engine.args.max_request_bytes,
+                       open_prefixes=OPEN_PATHS, route_limits=WEIGHT_PUSH_ROUTES)
     install_error_handlers(app)
     install_metrics(app, metrics.registry)
 
     def new_rid() -> str:
         return uuid.uuid4().hex
 
-    def run(item: GenerateItem) -> tuple[Req, asyncio.Queue]:
-        """Submit one item; its queue receives (output tokens so far, finished) after each update."""
-        loop, updates = asyncio.get_running_loop(), asyncio.Queue()
+    def watch(loop: asyncio.AbstractEventLoop) -> tuple[Callable[[Req], None], asyncio.Queue]:
+        """An on_update callback for the engine thread and the queue it fills, in `loop`, with (output
+        tokens so far, finished) after each update."""
+        updates: asyncio.Queue = asyncio.Queue()
 
         def on_update(req: Req) -> None:  # engine thread: only a note, the body is built by the loop
             count = len(req.output_ids)
@@ -98,7 +112,23 @@ def build_app(engine: Engine) -> FastAPI:
                 return  # non-streaming clients only need the final state; streams get every interval-th
             loop.call_soon_threadsafe(updates.put_nowait, (count, req.finished))
 
-        return engine.submit(item, on_update), updates
+        return on_update, updates
+
+    async def prepare(items: list[GenerateItem]) -> list[tuple[Req, asyncio.Queue]]:
+        """Tokenized and validated requests (not submitted yet), made in a thread when the prompts are large
+        (tokenizing a long text takes seconds), so that /health and other requests keep being served."""
+        watched = [watch(asyncio.get_running_loop()) for _ in items]
+
+        def make() -> list[tuple[Req, asyncio.Queue]]:
+            return [(engine.request(item, on_update), updates) for item, (on_update, updates) in zip(items, watched)]
+
+        size = sum(len(item.text if item.text is not None else item.input_ids) for item in items)
+        return await asyncio.to_thread(make) if size > OFFLOAD_PROMPT_SIZE else make()
+
+    def run(item: GenerateItem) -> tuple[Req, asyncio.Queue]:
+        """Submit one small item."""
+        on_update, updates = watch(asyncio.get_running_loop())
+        return engine.submit(engine.request(item, on_update)), updates
 
     async def until_finished(req: Req, updates: asyncio.Queue, request: Request) -> dict[str, Any]:
         disconnected = asyncio.create_task(_wait_disconnect(request))
@@ -120,13 +150,19 @@ def build_app(engine: Engine) -> FastAPI:
     async def generate(request: Request) -> Response:
         body = await parse_json_body(request, GenerateRequest)
         items, samples = split_batch(body, new_rid), body.parallel_samples
+        prefixes = []
         if samples > 1:  # as SGLang: prefill each prompt once, so that its n samples start from its cached KV
-            prefixes = [run(item.model_copy(update={"rid": new_rid(), "sampling": SamplingParams(max_new_tokens=0),
-                                                    "stream": False, "return_logprob": False,
-                                                    "return_routed_experts": False}))
+            prefixes = [item.model_copy(update={"rid": new_rid(), "sampling": SamplingParams(max_new_tokens=0),
+                                                "stream": False, "return_logprob": False,
+                                                "return_routed_experts": False})
                         for item in items[::samples]]
-            await asyncio.gather(*(until_finished(req, q, request) for req, q in prefixes))
-        started = [run(item) for item in items]
+        prepared = await prepare(prefixes + items)
+        for req, _ in prepared[:len(prefixes)]:
+            engine.submit(req)
+        await asyncio.gather(*(until_finished(req, q, request) for req, q in prepared[:len(prefixes)]))
+        started = prepared[len(prefixes):]
+        for req, _ in started:
+            engine.submit(req)
         if body.stream:
             return StreamingResponse(_stream(started, engine), media_type="text/event-stream")
         results = await asyncio.gather(*(until_finished(req, q, request) for req, q in started))
@@ -258,7 +294,7 @@ def build_app(engine: Engine) -> FastAPI:
                      ) -> JSONResponse:
         try:
             message = await asyncio.wrap_future(engine.update_weights(receive, strict, version, flush, abort_all))
-        except (ValueError, RuntimeError, OSError, KeyError) as err:
+        except (ValueError, RuntimeError, OSError, KeyError, SafetensorError) as err:  # a bad payload or checkpoint
             return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
         if version is not None:
             message += f" Weight version updated to {version}."
@@ -269,13 +305,23 @@ def build_app(engine: Engine) -> FastAPI:
         return await update(lambda: read_tensors(body.model_path), True, body.weight_version, body.flush_cache,
                             body.abort_all_requests)
 
-    @app.post("/update_weights_from_tensor")
-    async def update_weights_from_tensor(body: UpdateWeightsFromTensorRequest) -> JSONResponse:
-        tensors = decode_tensors(body.serialized_named_tensors, body.load_format)
+    @app.post("/update_weights_from_tensor", openapi_extra=json_body(UpdateWeightsFromTensorRequest))
+    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+        body = await parse_json_body(request, UpdateWeightsFromTensorRequest)  # a whole model: parsed off the loop
+        try:
+            tensors = await asyncio.to_thread(decode_tensors, body.serialized_named_tensors, body.load_format)
+        except ValueError as err:
+            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
         return await update(lambda: tensors, False, body.weight_version, body.flush_cache)
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        try:  # before the engine thread waits for rank 0 there
+            await asyncio.to_thread(socket.getaddrinfo, body.master_address, body.master_port)
+        except (socket.gaierror, UnicodeError) as err:
+            return JSONResponse({"success": False, "message": f"master_address {body.master_address!r} does not "
+                                 f"resolve ({err})"}, status_code=400)
+
         def init() -> None:
             state["group"] = WeightsUpdateGroup(body.master_address, body.master_port, body.rank_offset,
                                                 body.world_size, body.backend, body.group_name)
@@ -382,10 +428,17 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
                    help="record each token's routed experts so requests may ask for them (SGLang's flag)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="stream events carry only the new tokens, text and log-probs (SGLang's flag)")
+    p.add_argument("--api-key", default=os.environ.get(ENGINE_API_KEY_ENV),
+                   help=f"require Authorization: Bearer <key> on every route but /health*, /metrics (SGLang's flag; "
+                        f"default ${ENGINE_API_KEY_ENV}, which keeps it off the command line)")
+    p.add_argument("--max-request-bytes", type=int, default=EngineArgs.max_request_bytes,
+                   help="largest request body (413 beyond); update_weights_from_tensor has no limit")
     p.add_argument("--url-file", help="write the bound URL here once serving")
     args = vars(p.parse_args(argv))
     if args["stream_interval"] < 1:
         p.error("--stream-interval must be >= 1")
+    if args["max_request_bytes"] < 1:
+        p.error("--max-request-bytes must be >= 1")
     url_file = args.pop("url_file")
     return EngineArgs(**args), url_file
 

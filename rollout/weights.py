@@ -34,7 +34,10 @@ def decode_tensors(serialized: list[str], load_format: Optional[str]) -> dict[st
         raise ValueError(f"load_format {load_format!r} is not supported by the CPU engine (use {TENSOR_LOAD_FORMAT!r})")
     if len(serialized) != 1:
         raise ValueError(f"serialized_named_tensors must have one entry (tp_size 1), got {len(serialized)}")
-    return decode_named_tensors(serialized[0])
+    try:
+        return decode_named_tensors(serialized[0])
+    except ValueError as err:
+        raise ValueError(f"serialized_named_tensors[0]: {err}") from None
 
 
 def offload_weights(model, directory: Path) -> dict[str, torch.Size]:

@@ -148,7 +148,8 @@ class DistributedPusher(WeightPusher):
     async def close(self) -> None:
         """Engines leave the group (best effort: some may be gone), then the trainer drops its end."""
         if self.members:
-            clients = {eid: EngineClient(url, timeout_s=30) for eid, url in self.members.items()}
+            clients = {eid: EngineClient(url, timeout_s=30, api_key=self.cfg.engine_api_key)
+                       for eid, url in self.members.items()}
             await each(clients, lambda c: c.destroy_weights_update_group(GROUP_NAME))
             await asyncio.gather(*(c.close() for c in clients.values()))
         self.group, self.members = None, {}
@@ -229,7 +230,8 @@ class WeightSync:
         for eid in [e for e, c in self.clients.items() if engines.get(e) != c.base_url]:
             await self.clients.pop(eid).close()
         for eid, url in engines.items():
-            self.clients.setdefault(eid, EngineClient(url, timeout_s=self.cfg.timeout_s))
+            self.clients.setdefault(eid, EngineClient(url, timeout_s=self.cfg.timeout_s,
+                                                      api_key=self.cfg.engine_api_key))
         return {eid: self.clients[eid] for eid in sorted(engines)}
 
     async def _transfer(self, clients: dict[str, EngineClient], tensors: Tensors, version: int,

@@ -4,17 +4,29 @@ Names follow SGLang's io_struct (`GenerateReqInput` -> `GenerateRequest`, ...). 
 ignored (SGLang clients send many optional fields), except SGLang options this engine does not implement
 and whose absence would change the answer (penalties, constrained decoding, LoRA, multimodal or embedding
 inputs, ...): set to anything but their neutral value they are a 400 naming the field, as is a value of
-the wrong type or range. A batch request (`input_ids` as a list of lists, or `text` as a list) is
+the wrong type or range: numbers and booleans are strict (`true` is not a token id, `"1"` not a
+temperature), token ids and seeds are non-negative, and what depends on the model (ids below the
+vocabulary size, the context length) is checked by the engine when a request is submitted. A batch request (`input_ids` as a list of lists, or `text` as a list) is
 split once, here, into single `GenerateItem`s; nothing downstream handles the single-or-batch union.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+
+Float = Annotated[float, Strict()]
+"""A JSON number (an integer too), never a string or a boolean."""
+TokenId = Annotated[int, Strict(), Field(ge=0)]
+MAX_SEED = 2 ** 64 - 1
+"""Seeds are unsigned 64-bit (the sampler's counter-based generator)."""
+GREEDY_TEMPERATURE = 1e-6
+"""A temperature below this samples greedily (SGLang's _SAMPLING_EPS): dividing logits by it overflows."""
+MAX_ITEMS_PER_REQUEST = 4096
+"""Prompts x n of one /generate call: n is multiplied out into requests before anything else."""
 
 
 class _Lenient(BaseModel):
@@ -43,10 +55,6 @@ def _empty(v: Any) -> bool:
     return not v
 
 
-SAMPLING_SEED_MAX = 2**64 - 1
-"""sampling_seed is a uint64 (the engine's sampler keys its generator by it): [0, 2**64 - 1]."""
-
-
 class SamplingParams(_Lenient):
     """SGLang sampling parameters; null means the default."""
 
@@ -54,22 +62,23 @@ class SamplingParams(_Lenient):
         "frequency_penalty": _is(0), "presence_penalty": _is(0), "repetition_penalty": _is(1), "json_schema": _empty,
         "regex": _empty, "ebnf": _empty, "structural_tag": _empty, "logit_bias": _empty, "custom_params": _empty}
 
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
+    temperature: Float = Field(1.0, ge=0.0)
+    """Below GREEDY_TEMPERATURE (0 included): greedy."""
+    top_p: Float = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(-1, ge=-1)
     """-1 (or 0) disables top-k."""
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    max_new_tokens: int = Field(128, ge=0)
-    min_new_tokens: int = Field(0, ge=0)
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    spaces_between_special_tokens: bool = True
-    sampling_seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX)
+    min_p: Float = Field(0.0, ge=0.0, le=1.0)
+    max_new_tokens: StrictInt = Field(128, ge=0)
+    min_new_tokens: StrictInt = Field(0, ge=0)
+    stop: list[Annotated[str, Strict(), Field(min_length=1)]] = Field(default_factory=list)
+    stop_token_ids: list[TokenId] = Field(default_factory=list)
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    spaces_between_special_tokens: StrictBool = True
+    sampling_seed: Optional[Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]] = None
     """Seeds this request's own generator: its samples do not depend on what else is batched."""
-    n: int = Field(1, ge=1)
+    n: StrictInt = Field(1, ge=1, le=MAX_ITEMS_PER_REQUEST)
     """Parallel samples of the prompt (SGLang's n): the request fans out into n copies (split_batch)."""
 
     @model_validator(mode="before")
@@ -81,12 +90,14 @@ class SamplingParams(_Lenient):
                 data["stop"] = [data["stop"]]
         return data
 
-    @field_validator("top_k")
+    @field_validator("temperature")
     @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v < -1:
-            raise ValueError("top_k must be -1 (disabled) or >= 0")
-        return v
+    def _greedy_below_eps(cls, v: float) -> float:
+        return 0.0 if v < GREEDY_TEMPERATURE else v
+
+
+LogprobStart = Annotated[int, Strict(), Field(ge=-1)]
+TopLogprobs = Annotated[int, Strict(), Field(ge=0)]
 
 
 class GenerateRequest(_Lenient):
@@ -97,17 +108,18 @@ class GenerateRequest(_Lenient):
         "return_hidden_states": _empty, "token_ids_logprob": _empty,
         "custom_logit_processor": _empty}
 
-    rid: Optional[Union[str, list[str]]] = None
-    text: Optional[Union[str, list[str]]] = None
-    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    rid: Optional[Union[StrictStr, list[StrictStr]]] = None
+    text: Optional[Union[StrictStr, list[StrictStr]]] = None
+    input_ids: Optional[Union[list[TokenId], list[list[TokenId]]]] = None
     sampling_params: Optional[Union[SamplingParams, list[SamplingParams]]] = None
-    return_logprob: Union[bool, list[bool]] = False
-    logprob_start_len: Union[int, list[int]] = -1
-    top_logprobs_num: Union[int, list[int]] = 0
-    return_text_in_logprobs: bool = False
-    return_routed_experts: Union[bool, list[bool]] = False
+    return_logprob: Union[StrictBool, list[StrictBool]] = False
+    logprob_start_len: Union[LogprobStart, list[LogprobStart]] = -1
+    """First prompt position whose log-prob is returned; -1: none of the prompt."""
+    top_logprobs_num: Union[TopLogprobs, list[TopLogprobs]] = 0
+    return_text_in_logprobs: StrictBool = False
+    return_routed_experts: Union[StrictBool, list[StrictBool]] = False
     """meta_info.routed_experts of the finished request (server started with --enable-return-routed-experts)."""
-    stream: bool = False
+    stream: StrictBool = False
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> "GenerateRequest":
@@ -176,6 +188,8 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
     else:
         rids = [req.rid]
     sampling = pick(req.sampling_params, "sampling_params", SamplingParams())
+    if n * req.parallel_samples > MAX_ITEMS_PER_REQUEST:
+        raise ValueError(f"{n} prompts x n={req.parallel_samples} exceeds {MAX_ITEMS_PER_REQUEST} samples per request")
     items = [
         GenerateItem(
             rid=rids[i],
@@ -196,10 +210,10 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
 
 
 def _samples(item: GenerateItem, n: int) -> list[GenerateItem]:
-    """The n single-sample items of an n > 1 prompt: rid `{rid}-{j}`, seed + j when seeded."""
+    """The n single-sample items of an n > 1 prompt: rid `{rid}-{j}`, seed + j (mod 2**64) when seeded."""
     seed = item.sampling.sampling_seed
     return [item.model_copy(update={"rid": f"{item.rid}-{j}", "sampling": item.sampling.model_copy(
-                update={"n": 1, "sampling_seed": None if seed is None else seed + j})})
+                update={"n": 1, "sampling_seed": None if seed is None else (seed + j) % (MAX_SEED + 1)})})
             for j in range(n)]
 
 
@@ -343,7 +357,7 @@ class UpdateWeightsFromDiskRequest(_Lenient):
 
 
 class UpdateWeightsFromTensorRequest(_Lenient):
-    serialized_named_tensors: list[str]
+    serialized_named_tensors: list[StrictStr]
     """One entry per tensor-parallel rank (one here). With load_format `asyncrl_safetensors_b64`
     each entry is a base64 string of a safetensors blob holding the named tensors (docs/engine.md)."""
     load_format: Optional[str] = None
@@ -352,18 +366,25 @@ class UpdateWeightsFromTensorRequest(_Lenient):
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):
-    master_address: str
-    master_port: int = Field(ge=1, le=65535)
-    rank_offset: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    group_name: str = "weight_update_group"
+    master_address: StrictStr = Field(min_length=1)
+    """Host name or IP of rank 0 (the trainer); the engine checks that it resolves before joining."""
+    master_port: StrictInt = Field(ge=1, le=65535)
+    rank_offset: StrictInt = Field(ge=1)
+    world_size: StrictInt = Field(ge=2)
+    group_name: StrictStr = "weight_update_group"
     backend: Literal["gloo", "nccl"] = "gloo"
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> "InitWeightsUpdateGroupRequest":
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} must be below world_size {self.world_size}")
+        return self
 
 
 class UpdateWeightsFromDistributedRequest(_Lenient):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
+    names: list[StrictStr]
+    dtypes: list[Literal["float32", "bfloat16", "float16"]]
+    shapes: list[list[Annotated[int, Strict(), Field(ge=0)]]]
     group_name: str = "weight_update_group"
     weight_version: Optional[str] = None
     flush_cache: bool = True

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
-from asyncrl.protocols.engine import SAMPLING_SEED_MAX
+from asyncrl.protocols.engine import MAX_SEED
 from asyncrl.types import SAMPLE_STATUSES
 
 FinishStatus = Literal["completed", "failed", "truncated", "aborted"]
@@ -37,7 +37,7 @@ class SessionSampling(_Lenient):
     top_k: Optional[int] = Field(None, ge=-1)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     max_new_tokens: Optional[int] = Field(None, ge=0)
-    sampling_seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX)
+    sampling_seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     """Turn k of the session samples with seed sampling_seed + k, modulo 2**64 (reproducible episodes)."""
     allow_truncation: bool = False
     """The session's policy for truncated sampling (top_p < 1, top_k > 0, min_p > 0, min_new_tokens > 0):
@@ -271,7 +271,7 @@ class ChatCompletionRequest(_Lenient):
     max_tokens: Optional[int] = Field(None, ge=0, strict=True)
     max_completion_tokens: Optional[int] = Field(None, ge=0, strict=True)
     stop: Optional[Union[StrictStr, list[StrictStr]]] = None
-    seed: Optional[int] = Field(None, ge=0, le=SAMPLING_SEED_MAX, strict=True)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, strict=True)
     """The engine's sampling_seed: a uint64."""
     n: Optional[int] = Field(None, strict=True)
     stream: bool = Field(False, strict=True)

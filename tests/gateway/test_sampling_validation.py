@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from asyncrl.protocols.engine import SAMPLING_SEED_MAX
+from asyncrl.protocols.engine import MAX_SEED
 from tests.gateway.test_failover import FAILOVER, token_turn
 
 PROMPT = [1006, 1008, 1011, 72, 1012, 1014]
@@ -16,7 +16,7 @@ CHAT_MALFORMED = [
     ("temperature", "hot"), ("temperature", True), ("temperature", -0.5), ("temperature", 2.5),
     ("top_p", 0), ("top_p", 1.5), ("top_p", "1"), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.5),
     ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "8"), ("max_completion_tokens", -3),
-    ("max_completion_tokens", False), ("seed", -1), ("seed", SAMPLING_SEED_MAX + 1), ("seed", "7"), ("seed", 1.5),
+    ("max_completion_tokens", False), ("seed", -1), ("seed", MAX_SEED + 1), ("seed", "7"), ("seed", 1.5),
     ("stop", 5), ("stop", [1]), ("stop", {"a": 1}), ("n", 2), ("n", "1"), ("logprobs", "yes"), ("logprobs", 1),
     ("top_logprobs", 21), ("top_logprobs", -1), ("top_logprobs", "2"), ("frequency_penalty", 3),
     ("frequency_penalty", "0"), ("presence_penalty", -2.5), ("repetition_penalty", 0), ("logit_bias", "none"),
@@ -26,7 +26,7 @@ NATIVE_MALFORMED = [
     ("temperature", "hot"), ("temperature", -1), ("top_p", 0), ("top_k", -3), ("top_k", True), ("min_p", 2),
     ("max_new_tokens", -1), ("max_new_tokens", True), ("max_new_tokens", 4.0), ("min_new_tokens", -1),
     ("stop", 5), ("stop", [1]), ("stop_token_ids", "x"), ("stop_token_ids", [True]), ("ignore_eos", "yes"),
-    ("sampling_seed", -1), ("sampling_seed", SAMPLING_SEED_MAX + 1), ("sampling_seed", "3"), ("n", 2), ("n", "1"),
+    ("sampling_seed", -1), ("sampling_seed", MAX_SEED + 1), ("sampling_seed", "3"), ("n", 2), ("n", "1"),
     ("skip_special_tokens", 0), ("no_stop_trim", "no"), ("spaces_between_special_tokens", 1),
 ]
 
@@ -48,7 +48,7 @@ async def test_malformed_sampling_is_a_400_naming_the_field_while_a_long_turn_ru
                          ("top_logprobs_num", "3")]:
         r = await random_client.http.post(f"/sessions/{sid}/generate", json={"input_ids": PROMPT, field: value})
         answers.append((field, value, r.status_code, r.json().get("error", r.text)))
-    for value in (-1, SAMPLING_SEED_MAX + 1, "5", 0.5):
+    for value in (-1, MAX_SEED + 1, "5", 0.5):
         r = await random_client.http.post("/sessions", json={"sampling": {"sampling_seed": value}})
         answers.append(("sampling.sampling_seed", value, r.status_code, r.json().get("error", r.text)))
     wrong = [(field, value, status, message) for field, value, status, message in answers
@@ -64,16 +64,16 @@ async def test_malformed_sampling_is_a_400_naming_the_field_while_a_long_turn_ru
 
 
 async def test_the_extremes_of_the_seed_range_are_served(random_client):
-    sid = (await random_client.create(sampling={"sampling_seed": SAMPLING_SEED_MAX}))["session_id"]
+    sid = (await random_client.create(sampling={"sampling_seed": MAX_SEED}))["session_id"]
     for seed in (None, 0):  # turn 0: the session's seed; turn 1 would be 2**64 (wraps to 0), here the request's
         r = await random_client.http.post(f"/sessions/{sid}/generate", json={
             "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "sampling_seed": seed}})
         assert r.status_code == 200, r.text
     r = await random_client.http.post(f"/sessions/{sid}/generate", json={"input_ids": [72], "sampling_params": {
-        "max_new_tokens": 2}})  # turn 2: SAMPLING_SEED_MAX + 2, wrapped
+        "max_new_tokens": 2}})  # turn 2: MAX_SEED + 2, wrapped
     assert r.status_code == 200, r.text
     [segment] = (await random_client.record(sid))["segments"]
-    assert [t["sampling"].get("sampling_seed") for t in segment["turns"]] == [SAMPLING_SEED_MAX, 0, 1]
+    assert [t["sampling"].get("sampling_seed") for t in segment["turns"]] == [MAX_SEED, 0, 1]
 
 
 @pytest.mark.parametrize("api", ["chat", "native"])

@@ -1,9 +1,9 @@
 """Credentials end to end: a gateway with a token, an orchestrator with its own token (and the gateway's),
-an env service registering with the orchestrator's token, the built-in CPU engine (tiny model). Episodes
+an env service registering with the orchestrator's token, the built-in CPU engine (tiny model) with an API
+key that the gateway sends. Episodes
 talk to the model with their session's own credential and are recorded; a missing or wrong credential is
-refused (401) at the gateway and the orchestrator, and a session credential opens no other session."""
-
-from dataclasses import dataclass
+refused (401) at the engine, the gateway and the orchestrator, and a session credential opens no other
+session."""
 
 import httpx
 import pytest
@@ -14,35 +14,25 @@ from tests.services import ServiceProcess
 
 GATEWAY_TOKEN = "gw-token-e2e"
 ORCHESTRATOR_TOKEN = "orch-token-e2e"
-
-
-@dataclass
-class EngineAuth:
-    """The engine's credential, where the engine has one: the flags that give it to the engine and the
-    ones that make the gateway send it."""
-
-    engine_args: tuple[str, ...] = ()
-    gateway_args: tuple[str, ...] = ()
+ENGINE_KEY = "engine-key-e2e"
 
 
 @pytest.fixture
-def engine_auth() -> EngineAuth:
-    """No engine API key yet: the engine and the gateway's engine calls are unauthenticated. The engine's
-    key (SGLang's --api-key) goes here, with the gateway flag that sends it."""
-    return EngineAuth()
-
-
-@pytest.fixture
-def authed_gateway(tiny_checkpoint, tmp_path, redis_server, run_name, engine_auth):
+def authed_engine(tiny_checkpoint, tmp_path):
     from tests.rollout.conftest import start_engine
 
-    engine = start_engine(tiny_checkpoint, tmp_path, *engine_auth.engine_args, name="engine")
-    proc = ServiceProcess("gateway.server", ["--engine", engine.url, "--redis-url", redis_server.url, "--run", run_name,
-                                             "--auth-token", GATEWAY_TOKEN, *engine_auth.gateway_args],
+    engine = start_engine(tiny_checkpoint, tmp_path, "--api-key", ENGINE_KEY, name="engine")
+    yield engine
+    assert engine.stop() == 0, engine.log()
+
+
+@pytest.fixture
+def authed_gateway(authed_engine, tmp_path, redis_server, run_name):
+    proc = ServiceProcess("gateway.server", ["--engine", authed_engine.url, "--redis-url", redis_server.url, "--run",
+                                             run_name, "--auth-token", GATEWAY_TOKEN, "--engine-api-key", ENGINE_KEY],
                           tmp_path, name="gateway")
     yield proc
     assert proc.stop() == 0, proc.log()
-    assert engine.stop() == 0, engine.log()
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -50,7 +40,7 @@ def bearer(token: str) -> dict[str, str]:
 
 
 async def test_episodes_run_with_tokens_everywhere_and_wrong_credentials_are_refused(
-        authed_gateway, orchestrators, tmp_path, redis_server, run_name):
+        authed_engine, authed_gateway, orchestrators, tmp_path, redis_server, run_name):
     orch = orchestrators("--gateway", authed_gateway.url, "--gateway-token", GATEWAY_TOKEN,
                          "--auth-token", ORCHESTRATOR_TOKEN, "--group-size", "2", "--max-groups", "2",
                          "--sampling", '{"max_new_tokens": 4}', token=ORCHESTRATOR_TOKEN)
@@ -85,6 +75,11 @@ async def test_episodes_run_with_tokens_everywhere_and_wrong_credentials_are_ref
                             headers=as_mine).status_code == 401
         assert gateway.post(f"/sessions/{mine['session_id']}/v1/chat/completions", json=chat,
                             headers=bearer("wrong")).status_code == 401
+
+    generate = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+    for headers in ({}, bearer("wrong"), bearer(GATEWAY_TOKEN), bearer(mine["api_key"])):
+        assert httpx.post(authed_engine.url + "/generate", json=generate, headers=headers).status_code == 401
+    assert httpx.post(authed_engine.url + "/generate", json=generate, headers=bearer(ENGINE_KEY)).status_code == 200
 
     with httpx.Client(base_url=orch.url, timeout=30) as orchestrator:
         registration = {"name": "intruder", "url": "http://127.0.0.1:9", "capacity": 1}
