@@ -604,12 +604,13 @@ def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]
 
 
 def trainer_config(cfg: RunConfig) -> TrainerConfig:
-    """The trainer's config for this run: sync mode's schedule, and the engines' API key for its pushes."""
+    """The trainer's config for this run: sync mode's schedule, and the engines' API key for its pushes
+    (rollout.api_key, else $ASYNCRL_ENGINE_API_KEY, which the built-in engines and the gateway inherit)."""
     trainer_cfg = cfg.trainer
     if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
         trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
                               weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
-    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=cfg.rollout.api_key))
+    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=cfg.rollout.api_key or os.environ.get(ENGINE_API_KEY_ENV)))
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

@@ -43,13 +43,24 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_content(status, message), status_code=status)
 
 
+MAX_MESSAGE_PART = 300
+"""Characters of one field's complaint: a message may quote the client's value, which is unbounded."""
+
+
 def validation_message(exc: RequestValidationError) -> str:
-    """One line naming each offending field, e.g. "sampling_params.temperature: must be >= 0"."""
+    """One line naming each offending field, e.g. "sampling_params.temperature: must be >= 0". Pydantic's
+    union branches (`SamplingParams`, `list[int]`: no JSON field is capitalised or bracketed) are left
+    out of the path; each complaint is cut to MAX_MESSAGE_PART characters."""
     parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
-        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    for err in exc.errors()[:10]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_union_branch(p))
+        part = f"{loc or 'body'}: {err.get('msg', 'invalid')}"
+        parts.append(part if len(part) <= MAX_MESSAGE_PART else part[:MAX_MESSAGE_PART] + "...")
     return "; ".join(parts) or "invalid request"
+
+
+def _is_union_branch(part: Any) -> bool:
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part)
 
 
 async def parse_json_body(request: Request, model: type[BaseModelT]) -> BaseModelT:

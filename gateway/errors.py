@@ -14,15 +14,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from asyncrl.service import validation_message
-from gateway.generation import NoEngineError
+from gateway.generation import EngineCredentialError, NoEngineError
 from gateway.session import SessionClosedError
 from gateway.sessions import StoreUnavailableError, UnknownSessionError
 from gateway.turns import ClientGoneError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                409: "conflict_error", 413: "request_too_large", 499: "client_closed_request",
-               503: "service_unavailable"}
-STATUS_OF = ((UnknownSessionError, 404), (SessionClosedError, 409), (NoEngineError, 503),
+               502: "bad_gateway", 503: "service_unavailable"}
+STATUS_OF = ((UnknownSessionError, 404), (SessionClosedError, 409), (NoEngineError, 503), (EngineCredentialError, 502),
              (StoreUnavailableError, 503), (ValueError, 400))
 
 

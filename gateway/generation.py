@@ -43,6 +43,11 @@ class EngineRequestError(ValueError):
     """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
 
 
+class EngineCredentialError(RuntimeError):
+    """The engine refused the gateway's own credential (401/403): a misconfigured --engine-api-key, not
+    the client's fault, so a 502 rather than a 400."""
+
+
 def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> EngineCall:
     """Per-token facts of an engine response to a prompt of `prompt_len` tokens: ids, log-probs, integer
     weight versions, and the routed experts if the engine returned them."""
@@ -135,6 +140,9 @@ class TurnRunner:
                         if done or stream:
                             yield turn.output_ids + call.output_ids
             except (httpx.TransportError, EngineError) as err:
+                if isinstance(err, EngineError) and err.status in (401, 403):
+                    raise EngineCredentialError(f"engine {engine.url} refused the gateway's API key (HTTP {err.status}):"
+                                                " check rollout.api_key (the gateway's --engine-api-key)") from None
                 if isinstance(err, EngineError) and err.status < 500:
                     raise EngineRequestError(f"engine {engine.url}: {err.message}") from None
                 self.pool.mark_failed(engine, f"{type(err).__name__}: {err}")

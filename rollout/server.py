@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -84,6 +86,8 @@ class EngineMetrics:
 def build_app(engine: Engine) -> FastAPI:
     metrics = EngineMetrics(engine)
     state: dict[str, Optional[WeightsUpdateGroup]] = {"group": None}
+    joining = asyncio.Lock()
+    """Held while a rendezvous for a weights update group is under way (one at a time)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -316,19 +320,22 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
-        try:  # before the engine thread waits for rank 0 there
+        try:
             await asyncio.to_thread(socket.getaddrinfo, body.master_address, body.master_port)
         except (socket.gaierror, UnicodeError) as err:
             return JSONResponse({"success": False, "message": f"master_address {body.master_address!r} does not "
                                  f"resolve ({err})"}, status_code=400)
 
-        def init() -> None:
-            state["group"] = WeightsUpdateGroup(body.master_address, body.master_port, body.rank_offset,
-                                                body.world_size, body.backend, body.group_name)
-        try:
-            await asyncio.wrap_future(engine.call(init))
-        except (RuntimeError, ValueError) as err:
-            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
+        if joining.locked():
+            return JSONResponse({"success": False, "message": "a weights update group is being joined already"},
+                                status_code=409)
+        async with joining:  # the rendezvous waits for rank 0: in a thread of its own, never the engine's,
+            try:             # so that generation goes on while a trainer (or a wrong address) keeps it waiting
+                state["group"] = await _in_daemon_thread(
+                    WeightsUpdateGroup, body.master_address, body.master_port, body.rank_offset, body.world_size,
+                    body.backend, body.group_name)
+            except (RuntimeError, ValueError) as err:
+                return JSONResponse({"success": False, "message": str(err)}, status_code=400)
         return JSONResponse({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
 
     def no_group_named(name: str) -> Optional[JSONResponse]:
@@ -356,6 +363,21 @@ def build_app(engine: Engine) -> FastAPI:
         return JSONResponse({"success": True, "message": f"destroyed {body.group_name}"})
 
     return app
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """`fn(*args)` in a daemon thread: a rendezvous that never completes must hold neither the event
+    loop nor the process's exit (the default executor's threads are joined at exit)."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:
+            done.set_exception(err)
+
+    threading.Thread(target=run, name=f"rollout-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return asyncio.wrap_future(done)
 
 
 async def _wait_disconnect(request: Request) -> None:

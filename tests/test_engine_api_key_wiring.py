@@ -32,4 +32,6 @@ def test_the_engine_api_key_reaches_engines_gateway_and_trainer_off_the_command_
     monkeypatch.setenv(ENGINE_API_KEY_ENV, started["env"][ENGINE_API_KEY_ENV])
     assert gateway_args(started["args"])[0].engine_api_key == key
     assert trainer_config(cfg).weight_push.engine_api_key == key
+    assert trainer_config(RunConfig()).weight_push.engine_api_key == key  # what the engines inherit, it sends
+    monkeypatch.delenv(ENGINE_API_KEY_ENV)
     assert trainer_config(RunConfig()).weight_push.engine_api_key is None

@@ -278,3 +278,22 @@ async def test_release_and_resume_memory_occupation_as_slime_colocates(tiny_chec
     assert after.output_ids == before.output_ids
     assert [e[0] for e in after.meta_info.output_token_logprobs] == [
         e[0] for e in before.meta_info.output_token_logprobs]
+
+
+async def test_a_rendezvous_nobody_answers_holds_up_neither_generation_nor_shutdown(tiny_checkpoint, tmp_path):
+    """A trainer that never comes (or an address nobody serves) keeps the join waiting for its timeout:
+    meanwhile requests are served, a second join is refused, and the engine still stops at once."""
+    engine = start_engine(tiny_checkpoint, tmp_path, name="lonely")
+    client = EngineClient(engine.url)
+    try:
+        joining = asyncio.create_task(client.init_weights_update_group("127.0.0.1", free_port(), 1, 2, "wg", "gloo"))
+        await asyncio.sleep(1.0)
+        assert not joining.done()
+        reply = await asyncio.wait_for(client.generate(PROMPT, {"max_new_tokens": 8, "ignore_eos": True}), 30)
+        assert len(reply.output_ids) == 8
+        with pytest.raises(EngineError, match="being joined"):
+            await client.init_weights_update_group("127.0.0.1", free_port(), 1, 2, "wg2", "gloo")
+        joining.cancel()
+    finally:
+        await client.close()
+        assert engine.stop() == 0, engine.log()
