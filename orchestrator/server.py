@@ -6,27 +6,30 @@ Handlers are thin: parse the typed request, call the Orchestrator, reply with a 
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import logging
 import os
 from contextlib import asynccontextmanager
 from typing import Annotated, AsyncIterator, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from asyncrl.config import DynamicSamplingConfig, OrchestratorConfig, SamplingConfig
 from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
                                             RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
-from asyncrl.service import install_error_handlers, json_body, parse_json_body, serve
+from asyncrl.service import GuardMiddleware, install_error_handlers, json_body, parse_json_body, serve
 from orchestrator.core import Orchestrator
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger("orchestrator.server")
 
 TOKEN_ENV = "ASYNCRL_ORCHESTRATOR_TOKEN"
+MAX_REQUEST_BYTES = 1 << 20
+"""Registrations and heartbeats are a few hundred bytes: a larger body is refused (413) unread."""
+OPEN_PATHS = ("/health", "/metrics")
+"""What a prober reaches without the token (as the engine's --api-key); every /v1 route needs it."""
 EnvId = Annotated[str, Path(max_length=64, description="as POST /v1/envs returned it (env-<12 hex>)")]
 """Bounded, so the 404 that names an unknown one stays short."""
 
@@ -41,17 +44,12 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
         await runtime.stop()
 
     app = FastAPI(title="asyncrl orchestrator", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=MAX_REQUEST_BYTES,
+                       open_prefixes=OPEN_PATHS)
     install_error_handlers(app)
 
     def orch(request: Request) -> Orchestrator:
         return request.app.state.orch
-
-    async def authorized(request: Request) -> None:
-        if cfg.auth_token and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
-                                                      f"Bearer {cfg.auth_token}".encode()):
-            raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-
-    v1 = [Depends(authorized)]
 
     @app.get("/health")
     async def health() -> dict:
@@ -61,43 +59,43 @@ def build_app(cfg: OrchestratorConfig, redis_url: str, run: str) -> FastAPI:
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(orch(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/envs", status_code=201, dependencies=v1, openapi_extra=json_body(RegisterRequest))
+    @app.post("/v1/envs", status_code=201, openapi_extra=json_body(RegisterRequest))
     async def register(request: Request) -> RegisterResponse:
         body = await parse_json_body(request, RegisterRequest)
         service = await orch(request).register(body)
         return RegisterResponse(env_id=service.env_id, heartbeat_interval_s=cfg.heartbeat_interval_s,
                                 heartbeat_timeout_s=cfg.heartbeat_timeout_s)
 
-    @app.get("/v1/envs", dependencies=v1)
+    @app.get("/v1/envs")
     async def list_envs(request: Request) -> list[EnvRecord]:
         return [s.to_record() for s in orch(request).registry]
 
-    @app.post("/v1/envs/{env_id}/heartbeat", dependencies=v1, openapi_extra=json_body(HeartbeatRequest))
+    @app.post("/v1/envs/{env_id}/heartbeat", openapi_extra=json_body(HeartbeatRequest))
     async def heartbeat(env_id: EnvId, request: Request) -> HeartbeatResponse:
         service = orch(request).heartbeat(env_id, await parse_json_body(request, HeartbeatRequest))
         if service is None:
             raise HTTPException(404, f"unknown env_id {env_id!r}: register again")
         return HeartbeatResponse(env_id=env_id, healthy=service.healthy)
 
-    @app.delete("/v1/envs/{env_id}", dependencies=v1)
+    @app.delete("/v1/envs/{env_id}")
     async def remove(env_id: EnvId, request: Request) -> RemoveResponse:
         removed = await orch(request).remove(env_id)
         if removed is None:
             raise HTTPException(404, f"unknown env_id {env_id!r}")
         return RemoveResponse(env_id=env_id, removed=True, draining=removed[1])
 
-    @app.get("/v1/status", dependencies=v1)
+    @app.get("/v1/status")
     async def status(request: Request, overhead_since: Optional[float] = Query(None, ge=0, allow_inf_nan=False)
                      ) -> StatusResponse:
         """`overhead_since` (unix time): summarise the dispatches made after it (default: the last rate_window_s)."""
         return orch(request).status(overhead_since)
 
-    @app.post("/v1/pause", dependencies=v1)
+    @app.post("/v1/pause")
     async def pause(request: Request) -> PauseResponse:
         orch(request).pause(True)
         return PauseResponse(paused=True, pause_reasons=orch(request).pause_reasons)
 
-    @app.post("/v1/resume", dependencies=v1)
+    @app.post("/v1/resume")
     async def resume(request: Request) -> PauseResponse:
         orch(request).pause(False)
         return PauseResponse(paused=bool(orch(request).pause_reasons), pause_reasons=orch(request).pause_reasons)

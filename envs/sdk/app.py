@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.protocols.fields import MAX_ID_CHARS
+from asyncrl.service import GuardMiddleware
 from envs.sdk.metrics import ServiceMetrics
 from asyncrl.protocols.env_service import (CancelResponse, EpisodeRequest, EpisodeResponse, ErrorResponse,
                                            HealthResponse, InfoResponse, TasksResponse)
@@ -17,16 +20,23 @@ from envs.sdk.runner import AdmissionError, EpisodeRunner
 
 DISCONNECT_POLL_S = 1.0
 MAX_SPLIT_CHARS = 64
+MAX_REQUEST_BYTES = 1 << 20
+"""An episode request names its task and endpoint (a few hundred bytes): a larger body is refused (413)."""
 
 
 def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain: str) -> FastAPI:
     app = FastAPI(title=f"asyncrl env service {name}", docs_url=None, redoc_url=None)
+    app.add_middleware(GuardMiddleware, auth_token=None, max_request_bytes=MAX_REQUEST_BYTES, error_body=_error_body)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         fields = [_field(err) for err in exc.errors()]
         details = "; ".join(f"{f}: {err['msg']}" for f, err in zip(fields, exc.errors()))
         return _error(422, f"invalid request: {details}", fields)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:  # 413 of a chunked body
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(AdmissionError)
     async def refused(_: Request, exc: AdmissionError) -> JSONResponse:
@@ -87,6 +97,10 @@ def _field(err: dict) -> str:
     if loc[0] in ("body", "query", "path", "header"):
         loc = loc[1:]
     return ".".join(map(str, loc)) or "body"
+
+
+def _error_body(_path: str, _status: int, message: str) -> bytes:
+    return orjson.dumps(ErrorResponse(error=message).model_dump())
 
 
 def _error(status: int, message: str, fields: list[str] | None = None) -> JSONResponse:

@@ -128,6 +128,14 @@ async def test_bad_request_names_the_field(service, change, field):
     assert reply.json()["fields"] == [field] and field in reply.json()["error"]
 
 
+async def test_a_body_over_the_limit_is_refused_unread(service):
+    body = episode_request(TASK, "http://127.0.0.1:9/v1")
+    body["episode_id"] = "e" * 2_000_000
+    async with httpx.AsyncClient() as client:
+        reply = await client.post(f"{service.url}/episodes", json=body)
+    assert reply.status_code == 413 and "exceeds" in reply.json()["error"], reply.text[:300]
+
+
 def test_openapi_publishes_every_request_body(service):
     openapi = service.get("/openapi.json").json()
     assert unpublished_bodies(openapi, frozenset({"POST /episodes/{episode_id}/cancel"})) == []

@@ -86,4 +86,5 @@ async def test_episodes_run_with_tokens_everywhere_and_wrong_credentials_are_ref
         for headers in ({}, bearer("wrong"), bearer(GATEWAY_TOKEN), bearer(mine["api_key"])):
             assert orchestrator.get("/v1/status", headers=headers).status_code == 401
             assert orchestrator.post("/v1/envs", json=registration, headers=headers).status_code == 401
+        assert orchestrator.get("/health").status_code == 200 and orchestrator.get("/metrics").status_code == 200
     assert [e["name"] for e in orch.envs()] == []  # the service deregistered; nobody else got in
