@@ -112,7 +112,7 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
             response = json_response(completion)
             response.headers[ENGINE_LATENCY_HEADER] = f"{engine_latency_s:.6f}"
             return response
-        _, plan = turns.plan_chat(session, body)  # dry run: bad messages or sampling are a 400 before the stream
+        _, plan = await turns.plan_chat(session, body)  # dry run: bad messages or sampling are a 400 before the stream
         turns.chat_sampling(session, body, plan)
         return StreamingResponse(turns.chat_stream(session, body), media_type="text/event-stream")
 

@@ -27,6 +27,9 @@ from gateway.openai_api import (ChatReply, ToolPlan, chat_chunk, chat_completion
 from gateway.sampling import check_sampling
 from gateway.session import Session, SessionClosedError, Turn
 
+OFFLOAD_CHARS = 64 * 1024
+"""Chat messages longer than this (characters) are rendered and tokenized in a thread."""
+
 
 class ClientGoneError(Exception):
     """The client disconnected before its turn finished."""
@@ -42,7 +45,14 @@ class Turns:
         self.spawn = spawn
 
     # OpenAI chat -------------------------------------------------------------------------------------
-    def plan_chat(self, session: Session, request: ChatCompletionRequest) -> tuple[Turn, ToolPlan]:
+    async def plan_chat(self, session: Session, request: ChatCompletionRequest) -> tuple[Turn, ToolPlan]:
+        """The turn a chat request makes: rendered and tokenized in a thread when its messages are long
+        (megabytes take seconds, and the event loop serves every other session meanwhile)."""
+        if _message_chars(request.messages) > OFFLOAD_CHARS:
+            return await asyncio.to_thread(self._plan_chat, session, request)
+        return self._plan_chat(session, request)
+
+    def _plan_chat(self, session: Session, request: ChatCompletionRequest) -> tuple[Turn, ToolPlan]:
         plan = tool_plan(self.template, request)
         turn = session.chat_turn(self.template, request.messages, request.tools)
         turn.forced, turn.forced_after = list(plan.forced), plan.forced_after
@@ -65,7 +75,7 @@ class Turns:
         started = time.perf_counter()
         async with session.lock:
             session.ensure_open()
-            turn, plan = self.plan_chat(session, request)
+            turn, plan = await self.plan_chat(session, request)
             reply = ChatReply(self.template, request, session.num_turns, plan)
             await self._run_watching_client(session, turn, self.chat_sampling(session, request, plan), client)
             message = reply.message(turn.output_ids)
@@ -82,7 +92,7 @@ class Turns:
         completion_id = _completion_id()
         async with session.lock:
             session.ensure_open()
-            turn, plan = self.plan_chat(session, request)
+            turn, plan = await self.plan_chat(session, request)
             reply = ChatReply(self.template, request, session.num_turns, plan)
             sampling = self.chat_sampling(session, request, plan)
             yield _sse(chat_chunk(completion_id, self.model_name, {"role": "assistant", "content": ""}))
@@ -187,6 +197,10 @@ class _AbortUnlessCommitted:
 async def _client_gone(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _message_chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(c) if isinstance(c := m.get("content"), str) else len(str(c or "")) for m in messages)
 
 
 def _completion_id() -> str:

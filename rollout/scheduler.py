@@ -216,9 +216,11 @@ class Scheduler:
             need = sum(e.take for e in plan)
             if need > self.pool.available:
                 self.cache.evict(need - self.pool.available)
-        if need > self.pool.available:
-            raise MemoryError(f"KV pool of {self.config.max_total_tokens} tokens cannot hold one request "
-                              f"({need} tokens needed); raise rollout.max_total_tokens")
+        if need > self.pool.available:  # one request left, larger than the pool (context_length > the pool)
+            for e in plan:
+                self._fail(e.req, MemoryError(f"KV pool of {self.config.max_total_tokens} tokens cannot hold it "
+                                              f"({need} more tokens needed); raise rollout.max_total_tokens"))
+            return []
         rows = [e.req.row for e in plan for _ in range(e.take)]
         cols = [e.req.num_computed + j for e in plan for j in range(e.take)]
         self._req_to_slot[rows, cols] = torch.from_numpy(self.pool.alloc(need))

@@ -95,3 +95,19 @@ class ServiceProcess:
                 self.process.wait()
         self._log.close()
         return self.process.returncode
+
+
+async def health_latencies_while(http, request) -> tuple[object, list[float]]:
+    """Await `request` (a coroutine on `http`, an httpx.AsyncClient) while polling GET /health on the
+    same service: (its response, each /health latency in seconds)."""
+    import asyncio
+
+    pending = asyncio.ensure_future(request)
+    latencies = []
+    await asyncio.sleep(0.3)  # the body is sent and being handled
+    while not pending.done():
+        started = time.monotonic()
+        assert (await http.get("/health")).status_code == 200
+        latencies.append(time.monotonic() - started)
+        await asyncio.sleep(0.05)
+    return await pending, latencies

@@ -1,7 +1,6 @@
 """The engine's edge: SGLang's --api-key (401 without the key; /health*, /metrics open), the request-body
 limit (413), and an event loop that keeps answering /health while a maximal request is tokenized."""
 
-import asyncio
 import time
 
 import httpx
@@ -10,7 +9,7 @@ import pytest
 from asyncrl.config import ENGINE_API_KEY_ENV
 from asyncrl.engine_client import EngineClient, EngineError
 from tests.rollout.conftest import start_engine
-from tests.services import ServiceProcess
+from tests.services import ServiceProcess, health_latencies_while
 
 KEY = "engine-secret"
 MAX_BYTES = 4 * 1024 * 1024
@@ -62,15 +61,7 @@ async def test_health_answers_fast_while_a_maximal_request_is_tokenized(keyed_en
     async with httpx.AsyncClient(base_url=keyed_engine.url, timeout=120,
                                  headers={"Authorization": f"Bearer {KEY}"}) as http:
         started = time.monotonic()
-        maximal = asyncio.create_task(http.post("/generate", json={"text": text}))
-        latencies = []
-        await asyncio.sleep(0.3)  # the body is sent and being tokenized
-        while not maximal.done():
-            t0 = time.monotonic()
-            assert (await http.get("/health")).status_code == 200
-            latencies.append(time.monotonic() - t0)
-            await asyncio.sleep(0.05)
-        response = await maximal
+        response, latencies = await health_latencies_while(http, http.post("/generate", json={"text": text}))
     assert response.status_code == 400 and "context length" in response.json()["error"]
     assert time.monotonic() - started > 1.0 and len(latencies) >= 5, "the request was too quick to test anything"
     assert max(latencies) < 0.5, latencies

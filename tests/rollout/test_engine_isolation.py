@@ -65,3 +65,19 @@ def test_a_failing_request_aborts_alone_and_its_batch_finishes_correctly(engine,
     assert engine.call(lambda: engine.scheduler.loads()).result(10)["num_used_tokens"] == 0
     after, after_done = submit(engine, long_greedy(f"after-{fault}"))
     assert after_done.wait(120) and after.output_ids == good.output_ids
+
+
+def test_a_request_larger_than_the_kv_pool_aborts_alone(tiny_checkpoint):
+    """A context length set above the pool admits a request the pool cannot hold: that request is aborted
+    with the setting to raise, and the engine goes on serving (it once failed the whole queue)."""
+    small = Engine(EngineArgs(model_path=str(tiny_checkpoint), max_total_tokens=64, context_length=512)).start()
+    try:
+        fits, fits_done = submit(small, GenerateItem(rid="fits", input_ids=PROMPT,
+                                                     sampling=SamplingParams(max_new_tokens=20, ignore_eos=True)))
+        huge, huge_done = submit(small, GenerateItem(rid="huge", input_ids=PROMPT * 10,
+                                                     sampling=SamplingParams(max_new_tokens=4)))
+        assert huge_done.wait(60) and fits_done.wait(60)
+        assert huge.finish_reason["type"] == "abort" and "max_total_tokens" in huge.finish_reason["message"]
+        assert fits.finish_reason == {"type": "length", "length": 20}, fits.finish_reason
+    finally:
+        small.stop()

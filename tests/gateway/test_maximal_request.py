@@ -1,0 +1,30 @@
+"""The gateway keeps answering while it handles the largest request its limit admits: a chat turn whose
+message is megabytes of text is rendered and tokenized off the event loop (/health under 0.5 s), then
+refused for the engine's context length, as a 400."""
+
+import time
+
+import httpx
+
+from tests.gateway.conftest import start_gateway
+from tests.services import health_latencies_while
+
+MAX_BYTES = 4 * 1024 * 1024
+
+
+async def test_health_answers_fast_while_a_maximal_chat_turn_is_tokenized(random_engine, redis_server, tmp_path):
+    gateway = start_gateway(tmp_path, [random_engine], redis_server.url, "gateway-maximal",
+                            "--max-request-bytes", str(MAX_BYTES))
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            text = "hello world, " * ((MAX_BYTES - 4096) // 13)
+            chat = {"messages": [{"role": "user", "content": text}], "max_tokens": 4}
+            started = time.monotonic()
+            response, latencies = await health_latencies_while(
+                http, http.post(f"/sessions/{sid}/v1/chat/completions", json=chat))
+        assert response.status_code == 400 and "context" in response.text, response.text[:300]
+        assert time.monotonic() - started > 1.0 and len(latencies) >= 5, "the request was too quick to test anything"
+        assert max(latencies) < 0.5, latencies
+    finally:
+        assert gateway.stop() == 0, gateway.log()
