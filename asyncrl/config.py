@@ -296,9 +296,15 @@ class EnvServiceConfig:
     @property
     def serve_args(self) -> list[str]:
         args = ["--sandbox-type", self.sandbox]
-        for key, value in self.sandbox_options.items():  # JSON, which the service parses: lists, true
-            args += ["--sandbox-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+        for key, value in self.sandbox_options.items():
+            args += ["--sandbox-option", option_arg(key, value)]
         return args + (["--unsafe-local-sandbox"] if self.sandbox == "local_unsafe" else [])
+
+
+def option_arg(key: str, value: Any) -> str:
+    """`key=value` for an env service's --option / --sandbox-option: the value as JSON, which the service
+    parses back, so lists, booleans and a string such as "5" arrive with their type."""
+    return f"{key}={json.dumps(value)}"
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig
+from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig, option_arg
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.run_summary import RunSummary, format_duration, summarize
@@ -553,7 +553,7 @@ def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list
     if env.domain:
         args += ["--domain", env.domain]
     for key, value in env.options.items():
-        args += ["--option", f"{key}={value}"]
+        args += ["--option", option_arg(key, value)]
     return args + list(env.serve_args)
 
 

@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
 from asyncrl.launcher import Job, env_service_args, orchestrator_args
-from envs.serve import parse_args as parse_service_args, sandbox_config
+from envs.serve import key_values, parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.server import parse_args
 from tests.envs.recording_orchestrator import RecordingOrchestrator
@@ -237,6 +237,15 @@ def test_sandbox_options_reach_the_services_sandbox_config():
                "sandbox_options: {ro_paths: [/usr/share], memory_mb: 1024}}").envs.services["sh"]
     sandbox = sandbox_config(parse_service_args(env_service_args(env, None)))
     assert (sandbox.type, sandbox.ro_paths, sandbox.memory_mb) == ("namespace", ["/usr/share"], 1024)
+
+
+def test_env_options_reach_the_service_with_their_types():
+    """Constructor options cross the command line as JSON: a list, a boolean and a string of digits
+    arrive as themselves (they once arrived as "['a']", "True" and 5)."""
+    env = load("experiment=tiny_demo", "+envs.services.t={target: envs.tasks.ArithmeticEnv, "
+               "options: {tags: [a, b], verbose: true, code: '5', sleep_s: 0.5}}").envs.services["t"]
+    assert key_values(parse_service_args(env_service_args(env, None)).option) == {
+        "tags": ["a", "b"], "verbose": True, "code": "5", "sleep_s": 0.5}
 
 
 def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, caplog):
