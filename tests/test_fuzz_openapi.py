@@ -50,6 +50,8 @@ def fuzz(base_url: str, headers: dict[str, str] | None = None, examples: int = E
         label = f"{operation.method.upper()} {operation.path}"
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             _fuzz_operation(operation, mode, label, headers or {}, examples, found)
+    print(f"fuzzed {base_url}: {sum(found.calls.values())} calls over {len(found.calls)} operations, "
+          f"{len(found.failures)} findings")  # shown with -s (bench/results/hardening.md)
     return found
 
 
