@@ -30,7 +30,9 @@ TINY_TOKENIZER_PATH = Path(__file__).parent / "assets" / "tiny_tokenizer.json"
 
 LONG_TEXT_CHARS = 65536
 """Texts longer than this are encoded without holding the GIL (~0.5 s of tokenizing at ~2 us a token),
-so a server tokenizing one in a thread keeps answering; shorter ones take the ~10% faster call."""
+so a server tokenizing one in a thread keeps answering; shorter ones take the ~10% faster call.
+encode_batch_fast (the same ids, no offsets) also holds the GIL less afterwards: for 2.2M tokens ~120 ms
+(the ids list) against ~300 ms for encode_batch, which also frees each token's string under it."""
 
 DEFAULT_EOS_TOKEN = "<|endoftext|>"
 """EOS when no tokenizer_config.json names one (GLM's end-of-text token)."""
@@ -78,8 +80,8 @@ class Tokenizer:
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Token ids of `text`, without BOS/EOS. allow_special=False: special strings stay text."""
         backend = self._backend if allow_special else self._literal
-        if len(text) > LONG_TEXT_CHARS:  # encode_batch releases the GIL (encode holds it throughout)
-            return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        if len(text) > LONG_TEXT_CHARS:  # the batch call releases the GIL (encode holds it throughout)
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

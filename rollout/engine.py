@@ -70,8 +70,10 @@ class EngineArgs:
     may ask for them (return_routed_experts, for rollout routing replay)."""
     api_key: Optional[str] = field(default=None, repr=False)
     """SGLang's --api-key: every route but /health*, /metrics wants `Authorization: Bearer <key>` (never reported)."""
-    max_request_bytes: int = 64 * 1024 * 1024
-    """Largest request body, bytes (413 beyond); update_weights_from_tensor, which carries whole models, has none."""
+    max_request_bytes: int = 8 * 1024 * 1024
+    """Largest request body, bytes (413 beyond): ~1M prompt tokens as input_ids; update_weights_from_tensor,
+    which carries whole models, has none. Parsing and tokenizing hold the GIL in part (~25 ms a MiB), so a
+    larger limit lets one request stall /health for longer."""
 
 
 @dataclass

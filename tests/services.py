@@ -104,7 +104,6 @@ async def health_latencies_while(http, request) -> tuple[object, list[float]]:
 
     pending = asyncio.ensure_future(request)
     latencies = []
-    await asyncio.sleep(0.3)  # the body is sent and being handled
     while not pending.done():
         started = time.monotonic()
         assert (await http.get("/health")).status_code == 200
