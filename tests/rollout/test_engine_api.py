@@ -233,7 +233,7 @@ async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoin
     assert last.meta_info.weight_versions == whole.meta_info.weight_versions
 
 
-@pytest.mark.parametrize("body, field", [
+MALFORMED_GENERATE = [
     (b'{"input_ids": [1, 2', "malformed JSON"),
     (b'{"sampling_params": {}}', "exactly one of 'text' or 'input_ids'"),
     (b'{"input_ids": [1], "text": "x"}', "exactly one of 'text' or 'input_ids'"),
@@ -270,12 +270,31 @@ async def test_incremental_streaming_output_sends_only_new_output(tiny_checkpoin
     (b'{"input_ids": [1], "return_logprob": "true"}', "return_logprob"),
     (b'{"text": 5}', "text"),
     (b'{"input_ids": [1], "rid": 7}', "rid"),
-])
+]
+
+
+@pytest.mark.parametrize("body, field", MALFORMED_GENERATE)
 async def test_malformed_generate_is_a_400_naming_the_problem(engine, body, field):
     async with httpx.AsyncClient(timeout=30) as http:
         response = await http.post(engine.url + "/generate", content=body)
     assert response.status_code == 400
     assert field in response.json()["error"]
+
+
+async def test_a_long_request_runs_on_undisturbed_while_malformed_ones_are_refused(engine, client):
+    """Every malformed request of the list above, sent while a long greedy one is generating: each is a
+    400, and the long one finishes with the tokens it makes alone, in one piece (nothing aborted it)."""
+    greedy = {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}
+    alone = await client.generate(PROMPT, greedy)
+    running = asyncio.create_task(client.generate(PROMPT, greedy))
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(3):
+            for body, field in MALFORMED_GENERATE:
+                response = await http.post(engine.url + "/generate", content=body)
+                assert response.status_code == 400 and field in response.json()["error"], (body, response.text)
+    assert not running.done(), "the long request ended before the malformed ones were all sent"
+    together = await running
+    assert together.output_ids == alone.output_ids and together.meta_info.finish_reason["type"] == "length"
 
 
 @pytest.mark.parametrize("path, body, field", [
