@@ -207,6 +207,8 @@ class OrchestratorConfig:
     recorded) or `endpoint` (every episode uses `llm_url` directly, nothing recorded: evaluation, benchmarks)."""
     gateway_url: Optional[str] = None
     gateway_token: Optional[str] = None
+    env_token: Optional[str] = field(default=None, repr=False)
+    """Sent to env services as `Authorization: Bearer <token>`. Set by the launcher from envs.auth_token."""
     llm_url: Optional[str] = None
     """OpenAI-compatible base URL for `sessions: endpoint`."""
     model_name: str = "asyncrl"
@@ -318,6 +320,10 @@ class EnvsConfig:
     add a `{...}` override to a dict of dataclasses ("dict is not a subclass of EnvServiceConfig"); each
     entry is validated against EnvServiceConfig here instead, when the run's config is resolved
     (to_dataclass), and a misspelt field fails there naming it (`envs.services.myenv.capacitty`)."""
+
+    auth_token: Optional[str] = field(default=None, repr=False)
+    """Bearer token every env service of the run wants (/health, /metrics open); the orchestrator and
+    `asyncrl eval` send it. None: env services take any caller, so keep them on loopback."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.services, dict):

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from redis.exceptions import RedisError
 
 from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig, option_arg
+from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
 from asyncrl.run_summary import RunSummary, format_duration, summarize
@@ -307,7 +308,8 @@ class Job:
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
         env = {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", cfg.orchestrator.auth_token),
-               **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token)}
+               **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token),
+               **_token_env(SERVICE_TOKEN_ENV, cfg.envs.auth_token)}
         return self._service("orchestrator", cfg.components.orchestrator, orchestrator_args(cfg, self.redis_url, gateway),
                              env)
 
@@ -321,7 +323,8 @@ class Job:
                         "does); set envs.services.%s.sandbox=namespace to isolate them", env.name, env.target, env.name)
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
                              env_service_args(env, orchestrator),
-                             _token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token))
+                             {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token),
+                              **_token_env(SERVICE_TOKEN_ENV, self.cfg.envs.auth_token)})
 
     def _create_trainer(self, model_path: str) -> None:
         import ray

@@ -24,6 +24,7 @@ import signal
 import sys
 from pathlib import Path
 
+from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.sdk.registration import DEFAULT_GONE_AFTER_S
 
 TOKEN_ENV = "ASYNCRL_ORCHESTRATOR_TOKEN"
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--orchestrator", help="orchestrator base URL to self-register and heartbeat with")
     p.add_argument("--orchestrator-token", default=os.environ.get(TOKEN_ENV),
                    help=f"bearer token for the orchestrator (default: ${TOKEN_ENV})")
+    p.add_argument("--auth-token", default=os.environ.get(SERVICE_TOKEN_ENV),
+                   help=f"bearer token callers must send on every route but /health, /metrics "
+                        f"(default: ${SERVICE_TOKEN_ENV}; none: any caller is served)")
     p.add_argument("--orchestrator-gone-s", type=float, default=DEFAULT_GONE_AFTER_S,
                    help="exit (status 3) when no registration or heartbeat has been accepted for this long "
                         "(default %(default)g; 0: wait for the orchestrator forever)")
@@ -140,6 +144,7 @@ async def serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(name=args.name, domain=args.domain, capacity=args.capacity, weight=args.weight,
                            host=args.host, port=args.port, public_url=args.public_url,
                            orchestrator_url=args.orchestrator, orchestrator_token=args.orchestrator_token,
+                           auth_token=args.auth_token,
                            orchestrator_gone_s=args.orchestrator_gone_s or None, drain_grace_s=args.drain_grace_s,
                            sandbox=sandbox)
     service = EnvService(load_env(args.env, key_values(args.option), args.env_path), config)

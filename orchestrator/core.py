@@ -62,7 +62,7 @@ class Orchestrator:
         """Open groups (accepted, not yet complete)."""
         self.operator_paused = False
         self.http = client_session()
-        self.envs = EnvClient(self.http)
+        self.envs = EnvClient(self.http, cfg.env_token)
         self.sessions = make_sessions(cfg, self.http)
         self.ledger = Ledger(store, self.counters.to_meta)
         self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)

@@ -33,14 +33,15 @@ class Outcome:
 
 
 class EnvClient:
-    def __init__(self, http: aiohttp.ClientSession) -> None:
+    def __init__(self, http: aiohttp.ClientSession, token: Optional[str] = None) -> None:
         self.http = http
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def run_episode(self, url: str, request: EpisodeRequest, timeout_s: float, clock: SendClock) -> Outcome:
         """POST /episodes and wait for the episode to end (the request is held open meanwhile)."""
         try:
             status, body = await request_json(self.http, "POST", f"{url}/episodes", request.model_dump(mode="json"),
-                                              timeout_s, trace=clock)
+                                              timeout_s, self.headers, trace=clock)
         except HTTPFailure as err:
             return Outcome("error", error=str(err), unreachable=err.unreachable)
         if status in REFUSALS:
@@ -55,7 +56,8 @@ class EnvClient:
     async def cancel(self, url: str, episode_id: str) -> None:
         """Best effort: the service also cancels an episode whose caller hung up."""
         try:
-            await request_json(self.http, "POST", f"{url}/episodes/{episode_id}/cancel", timeout_s=5.0)
+            await request_json(self.http, "POST", f"{url}/episodes/{episode_id}/cancel", timeout_s=5.0,
+                               headers=self.headers)
         except HTTPFailure as err:
             log.debug("cancel %s at %s: %s", episode_id, url, err)
 
@@ -81,7 +83,7 @@ class EnvClient:
                 return task_ids
 
     async def _get(self, url: str) -> dict:
-        status, body = await request_json(self.http, "GET", url, timeout_s=30.0)
+        status, body = await request_json(self.http, "GET", url, timeout_s=30.0, headers=self.headers)
         if status != 200:
             raise HTTPFailure(f"GET {url}: {status} {body}")
         return body

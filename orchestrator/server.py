@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from asyncrl.config import DynamicSamplingConfig, OrchestratorConfig, SamplingConfig
+from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.protocols.orchestrator import (EnvRecord, HeartbeatRequest, HeartbeatResponse, PauseResponse,
                                             RegisterRequest, RegisterResponse, RemoveResponse, StatusResponse)
 from asyncrl.service import GuardMiddleware, install_error_handlers, json_body, parse_json_body, serve
@@ -150,6 +151,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
     p.add_argument("--url-file", help="write the bound URL here once serving")
     p.add_argument("--gateway", dest="gateway_url", help="TITO gateway URL (sessions=gateway)")
     p.add_argument("--gateway-token", default=os.environ.get("ASYNCRL_GATEWAY_TOKEN"))
+    p.add_argument("--env-token", default=os.environ.get(SERVICE_TOKEN_ENV),
+                   help=f"bearer token sent to env services (default ${SERVICE_TOKEN_ENV})")
     p.add_argument("--llm-url", help="OpenAI-compatible base URL for every episode (sessions=endpoint: "
                                      "nothing recorded; evaluation and benchmarks)")
     p.add_argument("--auth-token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default ${TOKEN_ENV})")
@@ -185,7 +188,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         p.error("give exactly one of --gateway (record trajectories) or --llm-url (evaluation/benchmarks)")
     cfg = OrchestratorConfig(
         host=a.host, port=a.port, auth_token=a.auth_token, sessions="gateway" if a.gateway_url else "endpoint",
-        gateway_url=a.gateway_url, gateway_token=a.gateway_token, llm_url=a.llm_url, model_name=a.model_name,
+        gateway_url=a.gateway_url, gateway_token=a.gateway_token, env_token=a.env_token, llm_url=a.llm_url, model_name=a.model_name,
         sampling=a.sampling,
         dynamic_sampling=DynamicSamplingConfig(enabled=a.dynamic_sampling, std_tol=a.dynamic_sampling_std_tol,
                                                max_filtered_batches=a.dynamic_sampling_max_filtered_batches),

@@ -15,7 +15,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
+from asyncrl.evaluate import Driver, EvalSpec
 from asyncrl.launcher import Job, env_service_args, orchestrator_args
+from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.serve import key_values, parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.server import parse_args
@@ -261,3 +263,19 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
     assert len(started) == 4 and len(warnings) == 1  # once per env, not per replica; not for arithmetic
     assert warnings[0].startswith("UNSAFE SANDBOX: env service sh (envs.terminal.TerminalEnv)")
     assert "local_unsafe" in warnings[0] and "WITHOUT isolation" in warnings[0]
+
+
+def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monkeypatch):
+    """envs.auth_token: env services want it and the orchestrator sends it (both take it by environment,
+    off their command lines); asyncrl eval's driver sends it too."""
+    cfg = load("experiment=tiny_demo", "envs.auth_token=env-secret")
+    job, started = Job(cfg, tmp_path, "redis://unused"), {}
+    job._service = lambda name, module, args, env=None: started.update({name: (args, env)}) or "http://env"
+    job._start_env(cfg.envs.services["arithmetic"], 0, None)
+    job._start_orchestrator("http://gateway")
+    assert all(env[SERVICE_TOKEN_ENV] == "env-secret" and "env-secret" not in args for args, env in started.values())
+    monkeypatch.setenv(SERVICE_TOKEN_ENV, "env-secret")
+    assert parse_service_args(started["env-arithmetic-0"][0]).auth_token == "env-secret"
+    assert parse_args(started["orchestrator"][0])[0].env_token == "env-secret"
+    driver = Driver(cfg, EvalSpec(cfg.envs.services["arithmetic"]), "http://gateway", None, 1)
+    assert driver.http.headers["authorization"] == "Bearer env-secret"

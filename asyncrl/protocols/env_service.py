@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 from asyncrl.protocols.fields import HttpUrl, Id, Secret, Seed
 
+SERVICE_TOKEN_ENV = "ASYNCRL_ENV_TOKEN"
+"""The bearer token env services want on every route but /health and /metrics, where one is set; the
+orchestrator and `asyncrl eval` send it (each reads it from this variable unless given on its command line)."""
 MAX_TOKENS = 1_048_576
 """Most tokens one model reply may be asked for."""
 MAX_TURNS = 100_000

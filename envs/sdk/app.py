@@ -4,6 +4,7 @@ wire types onto the EpisodeRunner, which owns admission, deadlines and cancellat
 from __future__ import annotations
 
 import asyncio
+from typing import Optional
 
 import orjson
 from fastapi import FastAPI, Path, Query, Request
@@ -24,9 +25,15 @@ MAX_REQUEST_BYTES = 1 << 20
 """An episode request names its task and endpoint (a few hundred bytes): a larger body is refused (413)."""
 
 
-def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain: str) -> FastAPI:
+OPEN_PATHS = ("/health", "/metrics")
+"""Reached without the token (probes, Prometheus); every other route wants it when one is set."""
+
+
+def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain: str,
+               auth_token: Optional[str] = None) -> FastAPI:
     app = FastAPI(title=f"asyncrl env service {name}", docs_url=None, redoc_url=None)
-    app.add_middleware(GuardMiddleware, auth_token=None, max_request_bytes=MAX_REQUEST_BYTES, error_body=_error_body)
+    app.add_middleware(GuardMiddleware, auth_token=auth_token, max_request_bytes=MAX_REQUEST_BYTES,
+                       error_body=_error_body, open_prefixes=OPEN_PATHS)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

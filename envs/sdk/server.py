@@ -47,6 +47,9 @@ class ServiceConfig:
     orchestrator_url: Optional[str] = None
     """Register with this orchestrator and heartbeat to it; None = an operator registers the service."""
     orchestrator_token: Optional[str] = None
+    auth_token: Optional[str] = field(default=None, repr=False)
+    """Callers (the orchestrator, `asyncrl eval`) must send `Authorization: Bearer <token>` on every route
+    but /health and /metrics; None: any caller is served."""
     orchestrator_gone_s: Optional[float] = DEFAULT_GONE_AFTER_S
     """No accepted registration or heartbeat for this long: the orchestrator is gone, the service stops
     (`gone` is set; envs.serve exits 3). None: wait for it forever."""
@@ -78,7 +81,7 @@ class EnvService:
         self.runner = EpisodeRunner(self.env, self.config.capacity, self.sandboxes, self.metrics,
                                     self.config.llm_max_retries)
         await self.runner.load_tasks()
-        app = create_app(self.runner, self.metrics, self.name, self.domain)
+        app = create_app(self.runner, self.metrics, self.name, self.domain, self.config.auth_token)
         sock = _bind(self.config.host, self.config.port)
         self.url = self.config.public_url or _url(*sock.getsockname()[:2])
         self._server = _QuietServer(uvicorn.Config(app, log_config=None, access_log=False,

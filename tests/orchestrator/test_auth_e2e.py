@@ -1,9 +1,9 @@
-"""Credentials end to end: a gateway with a token, an orchestrator with its own token (and the gateway's),
-an env service registering with the orchestrator's token, the built-in CPU engine (tiny model) with an API
-key that the gateway sends. Episodes
+"""Credentials end to end: a gateway with a token, an orchestrator with its own token (and the gateway's
+and the env services'), an env service with its own token registering with the orchestrator's, the
+built-in CPU engine (tiny model) with an API key that the gateway sends. Episodes
 talk to the model with their session's own credential and are recorded; a missing or wrong credential is
-refused (401) at the engine, the gateway and the orchestrator, and a session credential opens no other
-session."""
+refused (401) at the engine, the gateway, the orchestrator and the env service, and a session credential
+opens no other session."""
 
 import httpx
 import pytest
@@ -15,6 +15,7 @@ from tests.services import ServiceProcess
 GATEWAY_TOKEN = "gw-token-e2e"
 ORCHESTRATOR_TOKEN = "orch-token-e2e"
 ENGINE_KEY = "engine-key-e2e"
+ENV_TOKEN = "env-token-e2e"
 
 
 @pytest.fixture
@@ -42,12 +43,18 @@ def bearer(token: str) -> dict[str, str]:
 async def test_episodes_run_with_tokens_everywhere_and_wrong_credentials_are_refused(
         authed_engine, authed_gateway, orchestrators, tmp_path, redis_server, run_name):
     orch = orchestrators("--gateway", authed_gateway.url, "--gateway-token", GATEWAY_TOKEN,
-                         "--auth-token", ORCHESTRATOR_TOKEN, "--group-size", "2", "--max-groups", "2",
+                         "--auth-token", ORCHESTRATOR_TOKEN, "--env-token", ENV_TOKEN, "--group-size", "2", "--max-groups", "2",
                          "--sampling", '{"max_new_tokens": 4}', token=ORCHESTRATOR_TOKEN)
     (service,) = start_envs(tmp_path, 1, "--capacity", "4", "--option", "sleep_s=0.1", "--option", "llm_turns=2",
                             "--option", f"journal={tmp_path}", "--orchestrator", orch.url,
-                            "--orchestrator-token", ORCHESTRATOR_TOKEN)
+                            "--orchestrator-token", ORCHESTRATOR_TOKEN, "--auth-token", ENV_TOKEN)
     status = orch.wait_done(2, timeout_s=180)
+    with httpx.Client(base_url=service.url, timeout=30) as env_service:
+        for headers in ({}, bearer("wrong"), bearer(ORCHESTRATOR_TOKEN), bearer(GATEWAY_TOKEN)):
+            for method, path in (("GET", "/info"), ("GET", "/tasks"), ("POST", "/episodes")):
+                assert env_service.request(method, path, headers=headers).status_code == 401, (method, path)
+        assert env_service.get("/info", headers=bearer(ENV_TOKEN)).status_code == 200
+        assert env_service.get("/health").status_code == 200 and env_service.get("/metrics").status_code == 200
     service.stop()
     assert status["completed"] == 4 and status["failed"] == 0, status
     records = await group_records(redis_server.url, run_name)
