@@ -97,12 +97,16 @@ class ServiceProcess:
         return self.process.returncode
 
 
-async def health_latencies_while(http, request) -> tuple[object, list[float]]:
-    """Await `request` (a coroutine on `http`, an httpx.AsyncClient) while polling GET /health on the
-    same service: (its response, each /health latency in seconds)."""
+async def health_latencies_while(http, path: str, body: dict) -> tuple[object, list[float]]:
+    """POST `body` to `path` while polling GET /health on the same service (`http`, an httpx.AsyncClient):
+    (the POST's response, each /health latency in seconds). The body is serialized before the clock
+    starts: httpx's json.dumps of a million ids would stall this test's own loop for ~200 ms."""
     import asyncio
 
-    pending = asyncio.ensure_future(request)
+    import orjson
+
+    content = orjson.dumps(body)
+    pending = asyncio.ensure_future(http.post(path, content=content, headers={"content-type": "application/json"}))
     latencies = []
     while not pending.done():
         started = time.monotonic()

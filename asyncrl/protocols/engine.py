@@ -18,6 +18,8 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
+from asyncrl.protocols.fields import LongIds
+
 Float = Annotated[float, Strict()]
 """A JSON number (an integer too), never a string or a boolean."""
 TokenId = Annotated[int, Strict(), Field(ge=0)]
@@ -110,7 +112,7 @@ class GenerateRequest(_Lenient):
 
     rid: Optional[Union[StrictStr, list[StrictStr]]] = None
     text: Optional[Union[StrictStr, list[StrictStr]]] = None
-    input_ids: Optional[Union[list[TokenId], list[list[TokenId]]]] = None
+    input_ids: Optional[Annotated[Union[list[TokenId], list[list[TokenId]]], LongIds]] = None
     sampling_params: Optional[Union[SamplingParams, list[SamplingParams]]] = None
     return_logprob: Union[StrictBool, list[StrictBool]] = False
     logprob_start_len: Union[LogprobStart, list[LogprobStart]] = -1
@@ -193,7 +195,6 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
     items = [
         GenerateItem(
             rid=rids[i],
-            input_ids=prompts[i] if req.input_ids is not None else None,
             text=prompts[i] if req.text is not None else None,
             sampling=sampling[i],
             return_logprob=pick(req.return_logprob, "return_logprob")[i],
@@ -205,6 +206,9 @@ def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
         )
         for i in range(n)
     ]
+    if req.input_ids is not None:  # validated with the request (in chunks: LongIds), not again in one call
+        for item, prompt in zip(items, prompts):
+            item.input_ids = prompt
     samples = req.parallel_samples
     return items if samples == 1 else [sample for item in items for sample in _samples(item, samples)]
 

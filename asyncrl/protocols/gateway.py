@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from asyncrl.protocols.engine import MAX_SEED
+from asyncrl.protocols.fields import LongIds
 from asyncrl.types import SAMPLE_STATUSES
 
 FinishStatus = Literal["completed", "failed", "truncated", "aborted"]
@@ -196,7 +197,7 @@ class SessionGenerateRequest(_Lenient):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    input_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=0)
+    input_ids: Annotated[list[Annotated[int, Field(ge=0)]], LongIds] = Field(min_length=0)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     """SGLang sampling params; the chat template's stop tokens are not added (token-native callers decide).
     gateway/sampling.py checks them (check_sampling: types and ranges as the engine's SamplingParams, unknown,

@@ -23,8 +23,7 @@ async def test_health_answers_fast_while_a_maximal_chat_turn_is_tokenized(random
             text = "hello world, " * ((MAX_BYTES - 4096) // 13)
             chat = {"messages": [{"role": "user", "content": text}], "max_tokens": 4}
             started = time.monotonic()
-            response, latencies = await health_latencies_while(
-                http, http.post(f"/sessions/{sid}/v1/chat/completions", json=chat))
+            response, latencies = await health_latencies_while(http, f"/sessions/{sid}/v1/chat/completions", chat)
         # refused by the engine: past its context length, or (its ids being ~2x the text's bytes) its body limit
         assert response.status_code == 400 and ("context" in response.text or "exceeds" in response.text), \
             response.text[:300]
