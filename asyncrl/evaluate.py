@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
+from asyncrl.auth import bearer_headers
 from asyncrl.config import CONFIG_DIR, EnvServiceConfig, RunConfig, register_configs, to_dataclass
 
 log = logging.getLogger("asyncrl.eval")
@@ -115,9 +116,9 @@ class Driver:
         timeout_s = max([cfg.orchestrator.episode_timeout_s, *cfg.orchestrator.episode_timeout_s_by_env.values(),
                          spec.env.episode_timeout_s or 0.0]) + cfg.orchestrator.request_grace_s
         env_token = cfg.envs.auth_token  # every call to the env services carries it; the gateway's add their own
-        self.http = httpx.AsyncClient(timeout=timeout_s, headers=_bearer(env_token),
+        self.http = httpx.AsyncClient(timeout=timeout_s, headers=bearer_headers(env_token),
                                       limits=httpx.Limits(max_connections=2 * self.concurrency + 8), transport=transport)
-        self.gateway_headers = _bearer(cfg.gateway.auth_token)
+        self.gateway_headers = bearer_headers(cfg.gateway.auth_token)
         self.urls: list[str] = []
         self.load: dict[str, int] = {}
         self.max_turns, self.deadline_s = episode_limits(cfg, spec.env, spec.env.domain)
@@ -352,10 +353,6 @@ def _log_to(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger().addHandler(handler)
-
-
-def _bearer(token: Optional[str]) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def episode_limits(cfg: RunConfig, env: EnvServiceConfig, domain: str) -> tuple[int, float]:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
+from asyncrl.auth import bearer_headers
 from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig, option_arg
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
@@ -237,7 +238,7 @@ class Job:
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode, "started_at": str(self.started_at)}))
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard",
-                                   headers=_bearer(cfg.orchestrator.auth_token)).start()
+                                   headers=bearer_headers(cfg.orchestrator.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
                  sum(e.num_replicas for e in cfg.envs.services.values()), self.run_dir)
@@ -541,10 +542,6 @@ async def _group_counts(store) -> tuple[int, int]:
 def _stream_time(stream_id: str) -> float:
     """A Redis stream id's time (ms-seq) in seconds."""
     return int(stream_id.split("-", 1)[0]) / 1000
-
-
-def _bearer(token: Optional[str]) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Optional
 
 import httpx
 
+from asyncrl.auth import bearer_headers
 from asyncrl.protocols.env_service import InfoResponse
 from asyncrl.protocols.orchestrator import EnvRecord, RegisterRequest, RegisterResponse, RemoveResponse
 
@@ -34,7 +35,7 @@ def _parser(prog: str, doc: str) -> argparse.ArgumentParser:
 def _client(args: argparse.Namespace) -> httpx.Client:
     if not args.orchestrator:
         sys.exit("no orchestrator: pass --orchestrator URL or set ASYNCRL_ORCHESTRATOR_URL")
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    headers = bearer_headers(args.token)
     return httpx.Client(base_url=args.orchestrator.rstrip("/"), headers=headers, timeout=30)
 
 

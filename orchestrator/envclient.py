@@ -9,6 +9,7 @@ from typing import Literal, Optional
 import aiohttp
 from pydantic import ValidationError
 
+from asyncrl.auth import bearer_headers
 from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, InfoResponse, TasksResponse
 from orchestrator.http import HTTPFailure, SendClock, request_json
 from orchestrator.outcomes import SERVICE_ERROR
@@ -35,7 +36,7 @@ class Outcome:
 class EnvClient:
     def __init__(self, http: aiohttp.ClientSession, token: Optional[str] = None) -> None:
         self.http = http
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = bearer_headers(token)
 
     async def run_episode(self, url: str, request: EpisodeRequest, timeout_s: float, clock: SendClock) -> Outcome:
         """POST /episodes and wait for the episode to end (the request is held open meanwhile)."""

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import aiohttp
 
+from asyncrl.auth import bearer_headers
 from asyncrl.config import OrchestratorConfig
 from asyncrl.protocols.env_service import LLMEndpoint
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest
@@ -80,7 +81,7 @@ class GatewaySessions(SessionProvider):
             raise ValueError("sessions=gateway needs gateway_url")
         self.url = cfg.gateway_url.rstrip("/")
         self.http = http
-        self.headers = {"Authorization": f"Bearer {cfg.gateway_token}"} if cfg.gateway_token else {}
+        self.headers = bearer_headers(cfg.gateway_token)
         self.config_sampling = cfg.sampling
 
     async def open(self, group, member, episode_id):

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import httpx
 
+from asyncrl.auth import bearer_headers
 from asyncrl.protocols.orchestrator import HeartbeatRequest, RegisterRequest, RegisterResponse
 
 log = logging.getLogger("envs.registration")
@@ -52,7 +53,7 @@ class Registrar:
         self.gone_after_s = gone_after_s
         """No accepted registration or heartbeat for this long: the orchestrator is gone (None: never)."""
         self.env_id: Optional[str] = None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer_headers(token)
         # A hung orchestrator must not hold one call past the bound either.
         timeout_s = 10.0 if gone_after_s is None else min(10.0, max(0.5, gone_after_s / 3))
         self._http = httpx.AsyncClient(base_url=orchestrator_url.rstrip("/"), headers=headers, timeout=timeout_s)
