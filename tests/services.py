@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -10,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,10 +104,6 @@ async def health_latencies_while(http, path: str, body: dict) -> tuple[object, l
     """POST `body` to `path` while polling GET /health on the same service (`http`, an httpx.AsyncClient):
     (the POST's response, each /health latency in seconds). The body is serialized before the clock
     starts: httpx's json.dumps of a million ids would stall this test's own loop for ~200 ms."""
-    import asyncio
-
-    import orjson
-
     content = orjson.dumps(body)
     pending = asyncio.ensure_future(http.post(path, content=content, headers={"content-type": "application/json"}))
     latencies = []
