@@ -91,6 +91,21 @@ class Indexer(nn.Module):
             picked.append(rank_topk(scores, batch.noncausal[:, start:end], batch.position_tiebreak, k))
         return Selection.of(picked[0] if len(picked) == 1 else torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
+    @torch.no_grad()
+    def selection_margins(self, q: torch.Tensor, weights: torch.Tensor, key_store: torch.Tensor,
+                          batch: ForwardBatch) -> torch.Tensor:
+        """How far each query is from a near tie: (s_k - s_k+1) / |s_k| for its k-th and (k+1)-th largest
+        causal index scores, as `select` ranks them -> [B, Lq] fp32 (inf where a query has at most k keys).
+        A margin below fp32 rounding (~1e-7) lets two kernel paths select different keys (docs/model.md)."""
+        keys = gather_rows(key_store, batch.context_slots).float()
+        scores = index_scores(batch.to_padded(q).float(), batch.to_padded(weights), keys, self.softmax_scale)
+        k = self.index_topk
+        if scores.shape[-1] <= k:
+            return torch.full(scores.shape[:2], float("inf"))
+        top = scores.masked_fill_(batch.noncausal, float("-inf")).topk(k + 1, dim=-1).values
+        margin = (top[..., k - 1] - top[..., k]) / top[..., k - 1].abs()
+        return torch.where(torch.isfinite(top[..., k]), margin, float("inf"))
+
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Differentiable index scores of gathered keys: q [N, Hi, D], weights [N, Hi], keys [N, k, D] -> [N, k]."""
         scores = F.relu(torch.bmm(q.float(), keys.float().transpose(1, 2)) * self.softmax_scale)  # [N, Hi, k]
