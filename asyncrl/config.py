@@ -9,9 +9,9 @@ Each component reads only its own section.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -202,6 +202,10 @@ class OrchestratorConfig:
     port: int = 0
     auth_token: Optional[str] = None
     """When set, every /v1 route requires `Authorization: Bearer <token>` (/health, /metrics stay open)."""
+    redis_url: Optional[str] = None
+    """Redis of the run (its state, the groups stream); required to serve. The launcher fills it in."""
+    run_name: str = "asyncrl"
+    """Key prefix of the run in Redis (asyncrl:{run}:...). The launcher fills it in with the run's name."""
     sessions: str = "gateway"
     """Where episodes get their LLM endpoint: `gateway` (a TITO gateway session per episode, trajectories
     recorded) or `endpoint` (every episode uses `llm_url` directly, nothing recorded: evaluation, benchmarks)."""
@@ -519,6 +523,54 @@ class RunConfig:
     trainer_restart_timeout_s: float = 300.0
     """How long Ray may take to bring a dead trainer back before the run fails."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
+
+
+Section = TypeVar("Section")
+SECRET_SUFFIXES = ("token", "api_key")
+"""Fields named so (and those declared repr=False) are secrets: never written to a section file, shown
+as "<set>" by /server_info; they travel by environment variable (asyncrl.launcher)."""
+
+
+def is_secret(f: Field) -> bool:
+    return not f.repr or f.name.endswith(SECRET_SUFFIXES)
+
+
+def section_data(section: Any, redact: bool = False) -> dict[str, Any]:
+    """A config dataclass as JSON-able data, nested ones included; secrets left out, or with `redact`
+    shown as "<set>" (None when unset), as a service's /server_info reports them."""
+    out: dict[str, Any] = {}
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_secret(f):
+            if redact:
+                out[f.name] = None if value is None else "<set>"
+        else:
+            out[f.name] = section_data(value, redact) if is_dataclass(value) else value
+    return out
+
+
+def write_section(section: Any, path: Path) -> Path:
+    """A service's resolved section as JSON at `path` (atomically), secrets left out: what the launcher
+    hands the service as `--config FILE`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(section_data(section), indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_section(cls: type[Section], path: Optional[Path] = None, overrides: Optional[dict] = None) -> Section:
+    """`cls` from its defaults, then the JSON file at `path`, then `overrides` (field -> value, nested
+    sections as dicts), strictly: an unknown key or a value of the wrong type raises ValueError naming it."""
+    layers = [json.loads(Path(path).read_text())] if path else []
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls), *layers, overrides or {})
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except Exception as err:  # OmegaConf's errors name the key; __post_init__ checks raise ValueError
+        message = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+        key = getattr(err, "full_key", None)
+        raise ValueError(f"{cls.__name__}{'.' + key if key else ''}{f' ({path})' if path else ''}: {message}") from err
 
 
 def register_configs() -> None:

@@ -1,5 +1,5 @@
-"""What every asyncrl HTTP service shares: binding (port 0 included), JSON errors, /metrics, SIGTERM,
-a guard (bearer token, request-size limit) and JSON bodies parsed off the event loop when large.
+"""What every asyncrl HTTP service shares: binding (port 0 included), JSON errors, /metrics, /server_info,
+SIGTERM, a guard (bearer token, request-size limit) and JSON bodies parsed off the event loop when large.
 
 Each service builds its FastAPI app and calls `serve(app, host, port, url_file=...)`. The bound URL is
 printed (`listening on http://127.0.0.1:PORT`) and optionally written to a file, so a parent that
@@ -24,6 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from asyncrl.config import section_data
 
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
@@ -128,6 +130,16 @@ def install_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def install_server_info(app: FastAPI, section: Any) -> None:
+    """GET /server_info: the service's effective config section (as SGLang's /server_info), secrets shown
+    as "<set>", so a run can check what each service actually runs with."""
+    info = section_data(section, redact=True)
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return info
 
 
 ASGIApp = Callable[..., Any]

@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 from asyncrl.config import OrchestratorConfig
 from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, OutcomeClass
-from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, RegisterRequest,
-                                            StatusResponse)
+from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, PauseResponse,
+                                            RegisterRequest, StatusResponse)
 from asyncrl.store import Store
 from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
 from orchestrator.counters import Counters
@@ -397,10 +397,12 @@ class Orchestrator:
         self.wake()
 
     # Control -------------------------------------------------------------------------------------
-    def pause(self, paused: bool) -> None:
+    def pause(self, paused: bool) -> PauseResponse:
+        """The operator holds (or releases) dispatch; backpressure may still hold it."""
         self.operator_paused = paused
         log.info("dispatch %s by the operator", "paused" if paused else "resumed")
         self.wake()
+        return PauseResponse(paused=bool(self.pause_reasons), pause_reasons=self.pause_reasons)
 
     def status(self, overhead_since: Optional[float] = None) -> StatusResponse:
         """`overhead_since`: unix time from which dispatch overheads are summarised (default: the rate window)."""
