@@ -299,19 +299,6 @@ class EnvServiceConfig:
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
 
-    @property
-    def serve_args(self) -> list[str]:
-        args = ["--sandbox-type", self.sandbox]
-        for key, value in self.sandbox_options.items():
-            args += ["--sandbox-option", option_arg(key, value)]
-        return args + (["--unsafe-local-sandbox"] if self.sandbox == "local_unsafe" else [])
-
-
-def option_arg(key: str, value: Any) -> str:
-    """`key=value` for an env service's --option / --sandbox-option: the value as JSON, which the service
-    parses back, so lists, booleans and a string such as "5" arrive with their type."""
-    return f"{key}={json.dumps(value)}"
-
 
 @dataclass
 class EnvsConfig:

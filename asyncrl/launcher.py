@@ -15,20 +15,20 @@ component that failed.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import signal
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from redis.exceptions import RedisError
 
 from asyncrl.auth import bearer_headers
-from asyncrl.config import ENGINE_API_KEY_ENV, EnvServiceConfig, RunConfig, TrainerConfig, option_arg
+from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
+                            TrainerConfig, write_section)
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
@@ -301,7 +301,7 @@ class Job:
         return ray.get(handle.url.remote(), timeout=300)
 
     def _start_gateway(self) -> str:
-        args = gateway_args(self.cfg, self.redis_url, self.engines.urls())
+        args = write_config(self.run_dir, "gateway", gateway_section(self.cfg, self.redis_url, self.engines.urls()))
         env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token),
                **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
         return self._service("gateway", self.cfg.components.gateway, args, env)
@@ -311,19 +311,20 @@ class Job:
         env = {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", cfg.orchestrator.auth_token),
                **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token),
                **_token_env(SERVICE_TOKEN_ENV, cfg.envs.auth_token)}
-        return self._service("orchestrator", cfg.components.orchestrator, orchestrator_args(cfg, self.redis_url, gateway),
-                             env)
+        args = write_config(self.run_dir, "orchestrator", orchestrator_section(cfg, self.redis_url, gateway))
+        return self._service("orchestrator", cfg.components.orchestrator, args, env)
 
-    def _start_env(self, env, replica: int, orchestrator: Optional[str]) -> str:
-        """One replica of an env service; it registers itself with `orchestrator` (None: it does not,
-        and is called directly, as `asyncrl eval` does)."""
+    def _start_env(self, env: EnvServiceConfig, replica: int, orchestrator: Optional[str]) -> str:
+        """One replica of an env service, from its section (<run_dir>/config/env-<name>.json); it registers
+        under the section's name with `orchestrator` (None: it does not, and is called directly, as
+        `asyncrl eval` does). With no domain configured the service takes its class's `domain`, else its name."""
         if replica == 0 and env.sandbox == "local_unsafe":
             log.warning("UNSAFE SANDBOX: env service %s (%s) is configured with sandbox local_unsafe: if its agents "
                         "run commands or code (a tool-using env, requires_sandbox), they run WITHOUT isolation, as "
                         "the service's user, with network access and its files (the service's log says whether it "
                         "does); set envs.services.%s.sandbox=namespace to isolate them", env.name, env.target, env.name)
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
-                             env_service_args(env, orchestrator),
+                             env_service_args(self.run_dir, env, orchestrator),
                              {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token),
                               **_token_env(SERVICE_TOKEN_ENV, self.cfg.envs.auth_token)})
 
@@ -544,63 +545,45 @@ def _stream_time(stream_id: str) -> float:
     return int(stream_id.split("-", 1)[0]) / 1000
 
 
-def env_service_args(env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
-    """An env service's command line (`python -m envs.serve ...`). It registers under the config's name; with
-    no domain configured the service takes its class's `domain`, else that name. Without an orchestrator
-    it does not register (`asyncrl eval` calls it directly)."""
-    args = ["--env", env.target, "--name", env.name, "--capacity", str(env.capacity), "--weight", str(env.weight)]
-    args += ["--orchestrator", orchestrator] if orchestrator else []
-    if env.domain:
-        args += ["--domain", env.domain]
-    for key, value in env.options.items():
-        args += ["--option", option_arg(key, value)]
-    return args + list(env.serve_args)
+def gateway_section(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> GatewayConfig:
+    """The gateway's resolved section: cfg.gateway with what the run fills in (its Redis and name, the
+    engines, which it then follows in Redis, the model's tokenizer unless one is set, routing replay)."""
+    return replace(cfg.gateway, redis_url=redis_url, run_name=cfg.name, engine_urls=list(engine_urls),
+                   engines_from_redis=True, tokenizer=cfg.gateway.tokenizer or cfg.model.tokenizer,
+                   routing_replay=cfg.rollout.routing_replay)
 
 
-def gateway_args(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> list[str]:
-    g = cfg.gateway
-    args = ["--redis-url", redis_url, "--run", cfg.name, "--tokenizer", cfg.model.tokenizer,
-            "--engine-timeout-s", str(g.engine_timeout_s), "--health-interval-s", str(g.health_interval_s),
-            "--load-factor", str(g.load_factor), "--max-request-bytes", str(g.max_request_bytes),
-            "--max-interruptions", str(g.max_interruptions), "--engine-wait-s", str(g.engine_wait_s)]
-    args += ["--engines-from-redis"] + ([] if g.thinking else ["--no-thinking"])
-    args += ["--routing-replay"] if cfg.rollout.routing_replay else []
-    for url in engine_urls:
-        args += ["--engine", url]
-    return args
-
-
-def orchestrator_args(cfg: RunConfig, redis_url: str, gateway: str) -> list[str]:
-    """The orchestrator's command line for this run (the same in both modes but for the staleness limit)."""
+def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> OrchestratorConfig:
+    """The orchestrator's resolved section (the same in both modes but for the staleness limit): the run's
+    Redis, name, gateway, seed and sampling, the trainer's schedule, and each env's own limits."""
     o = cfg.orchestrator
     # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
     # sync mode is limit 0: one batch per weight version, generated after the previous push.
     staleness = 0 if cfg.mode == "sync" else cfg.trainer.staleness_tau
     groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
-    args = ["--redis-url", redis_url, "--run", cfg.name, "--gateway", gateway,
-            "--max-in-flight", str(o.max_in_flight), "--group-size", str(o.group_size),
-            "--max-attempts", str(o.max_attempts), "--max-turns", str(o.max_turns),
-            "--max-unconsumed-groups", str(o.max_unconsumed_groups), "--staleness-limit", str(staleness),
-            "--groups-per-step", str(groups_per_version),
-            "--heartbeat-interval-s", str(o.heartbeat_interval_s), "--heartbeat-timeout-s", str(o.heartbeat_timeout_s),
-            "--episode-timeout-s", str(o.episode_timeout_s), "--seed", str(cfg.seed),
-            "--sampling", json.dumps(asdict(cfg.rollout.sampling))]
-    if o.dynamic_sampling.enabled:
-        args += ["--dynamic-sampling", "--dynamic-sampling-std-tol", str(o.dynamic_sampling.std_tol),
-                 "--dynamic-sampling-max-filtered-batches", str(o.dynamic_sampling.max_filtered_batches)]
-    if o.domain_weights:
-        args += ["--weights", ",".join(f"{k}={v}" for k, v in o.domain_weights.items())]
-    if o.rate_limits:
-        args += ["--rate-limits", ",".join(f"{k}={v}" for k, v in o.rate_limits.items())]
     # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
     envs = cfg.envs.services.values()
-    for flag, by_env, own in (("--max-turns-by-env", o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
-                              ("--episode-timeout-s-by-env", o.episode_timeout_s_by_env,
-                               {e.name: e.episode_timeout_s for e in envs})):
-        merged = {**by_env, **{name: value for name, value in own.items() if value is not None}}
-        if merged:
-            args += [flag, ",".join(f"{k}={v}" for k, v in merged.items())]
-    return args
+    return replace(o, redis_url=redis_url, run_name=cfg.name, sessions="gateway", gateway_url=gateway,
+                   seed=cfg.seed, sampling=cfg.rollout.sampling, staleness_limit=staleness,
+                   groups_per_step=groups_per_version,
+                   max_turns_by_env=_by_env(o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
+                   episode_timeout_s_by_env=_by_env(o.episode_timeout_s_by_env,
+                                                    {e.name: e.episode_timeout_s for e in envs}))
+
+
+def _by_env(configured: dict, own: dict) -> dict:
+    return {**configured, **{name: value for name, value in own.items() if value is not None}}
+
+
+def env_service_args(run_dir: Path, env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
+    """An env service's command line (`python -m envs.serve ...`): its section, and the orchestrator it
+    registers with (none: it does not)."""
+    return write_config(run_dir, f"env-{env.name}", env) + (["--orchestrator", orchestrator] if orchestrator else [])
+
+
+def write_config(run_dir: Path, name: str, section: Any) -> list[str]:
+    """Write a service's resolved section to <run_dir>/config/<name>.json; -> its `--config FILE` argv."""
+    return ["--config", str(write_section(section, run_dir / "config" / f"{name}.json"))]
 
 
 def trainer_config(cfg: RunConfig) -> TrainerConfig:

@@ -9,6 +9,9 @@ Prints `listening on http://HOST:PORT` once the service accepts episodes (and wr
 deregister, finish or abort running episodes, exit 0. Exit status 1: the env class cannot be
 loaded; 2: the sandbox the env needs is not available here (see docs/envs.md, "unsafe local mode");
 3: the orchestrator stayed unreachable for --orchestrator-gone-s.
+
+The launcher starts it with `--config FILE`: the env's resolved section (asyncrl.config.EnvServiceConfig,
+<run_dir>/config/env-<name>.json); GET /server_info reports the section the service runs with.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import signal
 import sys
 from pathlib import Path
 
+from asyncrl.config import EnvServiceConfig, load_section
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.sdk.registration import DEFAULT_GONE_AFTER_S
 
@@ -33,16 +37,20 @@ EXIT_ORCHESTRATOR_GONE = 3
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m envs.serve", description=__doc__.split("\n")[0])
-    p.add_argument("--env", required=True, help="the envs.sdk.Environment class: package.module.Class, "
-                                                "package.module:Class or path/to/file.py:Class")
+    section = {"default": argparse.SUPPRESS}  # the env's section: --config FILE, then these flags over it
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="the env's section (asyncrl.config.EnvServiceConfig) as JSON, as the launcher writes it; "
+                        "--env, --name, --capacity, ... given as well override it")
+    p.add_argument("--env", dest="target", **section, help="the envs.sdk.Environment class: package.module.Class, "
+                                                          "package.module:Class or path/to/file.py:Class")
     p.add_argument("--env-path", action="append", default=[], metavar="DIR",
                    help="a directory to import --env's module from (before $PYTHONPATH; repeatable)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--option", dest="options", action="append", **section, metavar="KEY=VALUE",
                    help="keyword argument for the env class; VALUE is parsed as JSON when it can be")
-    p.add_argument("--name", help="service name (default: the env's)")
-    p.add_argument("--domain", help="service domain (default: the env's)")
-    p.add_argument("--capacity", type=int, default=64, help="concurrent episodes; one more gets 429")
-    p.add_argument("--weight", type=float, default=1.0, help="dispatch weight sent with the registration")
+    p.add_argument("--name", **section, help="service name (default: the env's)")
+    p.add_argument("--domain", **section, help="service domain (default: the env's)")
+    p.add_argument("--capacity", **section, help="concurrent episodes; one more gets 429 (default 64)")
+    p.add_argument("--weight", **section, help="dispatch weight sent with the registration (default 1)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port")
     p.add_argument("--public-url", help="URL the orchestrator should call, if not http://HOST:PORT")
@@ -57,13 +65,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="exit (status 3) when no registration or heartbeat has been accepted for this long "
                         "(default %(default)g; 0: wait for the orchestrator forever)")
     p.add_argument("--drain-grace-s", type=float, default=30.0, help="on SIGTERM, time running episodes get")
-    p.add_argument("--sandbox-type", default="namespace", help="namespace | local_unsafe | module:Class")
-    p.add_argument("--sandbox-option", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--sandbox-type", dest="sandbox", **section, help="namespace | local_unsafe | module:Class")
+    p.add_argument("--sandbox-option", dest="sandbox_options", action="append", **section, metavar="KEY=VALUE",
                    help="a SandboxConfig field, e.g. memory_mb=1024 (see envs/sdk/sandbox.py)")
-    p.add_argument("--unsafe-local-sandbox", action="store_true",
-                   help="run agent commands WITHOUT isolation (same as --sandbox-type local_unsafe)")
+    p.add_argument("--unsafe-local-sandbox", dest="sandbox", action="store_const", const="local_unsafe",
+                   **section, help="run agent commands WITHOUT isolation (same as --sandbox-type local_unsafe)")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.section = env_section(args)
+    except ValueError as err:
+        p.error(f"{err} (give --env, or --config FILE)")
+    return args
+
+
+SECTION_FIELDS = ("target", "options", "name", "domain", "capacity", "weight", "sandbox", "sandbox_options")
+"""The EnvServiceConfig fields this command line can set (the rest come only by --config)."""
+
+
+def env_section(args: argparse.Namespace) -> EnvServiceConfig:
+    """The env's section: --config FILE (when given), then the section flags that were given."""
+    given = {name: getattr(args, name) for name in SECTION_FIELDS if hasattr(args, name)}
+    for name in ("options", "sandbox_options"):
+        if name in given:
+            given[name] = key_values(given[name])
+    return load_section(EnvServiceConfig, args.config, given)
 
 
 def key_values(pairs: list[str]) -> dict:
@@ -128,32 +154,31 @@ def load_env(target: str, options: dict, env_paths: list[str] = ()):
     return load_env_class(target, env_paths)(**options)
 
 
-def sandbox_config(args: argparse.Namespace):
-    """The SandboxConfig the command line asks for (--sandbox-type, --sandbox-option, --unsafe-local-sandbox)."""
+def sandbox_config(section: EnvServiceConfig):
+    """The SandboxConfig the env's section asks for (sandbox, sandbox_options)."""
     from envs.sdk.sandbox import SandboxConfig
 
-    return SandboxConfig(**{"type": "local_unsafe" if args.unsafe_local_sandbox else args.sandbox_type,
-                            **key_values(args.sandbox_option)})
+    return SandboxConfig(**{"type": section.sandbox, **section.sandbox_options})
 
 
 async def serve(args: argparse.Namespace) -> int:
     from envs.sdk.sandbox import SandboxUnavailable
     from envs.sdk.server import EnvService, ServiceConfig
 
-    sandbox = sandbox_config(args)
-    config = ServiceConfig(name=args.name, domain=args.domain, capacity=args.capacity, weight=args.weight,
+    env = args.section
+    config = ServiceConfig(name=env.name, domain=env.domain, capacity=env.capacity, weight=env.weight,
                            host=args.host, port=args.port, public_url=args.public_url,
                            orchestrator_url=args.orchestrator, orchestrator_token=args.orchestrator_token,
                            auth_token=args.auth_token,
                            orchestrator_gone_s=args.orchestrator_gone_s or None, drain_grace_s=args.drain_grace_s,
-                           sandbox=sandbox)
-    service = EnvService(load_env(args.env, key_values(args.option), args.env_path), config)
+                           sandbox=sandbox_config(env), section=env)
+    service = EnvService(load_env(env.target, env.options, args.env_path), config)
     try:
         url = await service.start()
     except SandboxUnavailable as err:
         logging.critical("refusing to start %s: %s. To run WITHOUT isolation anyway, pass --unsafe-local-sandbox "
                          "(sandbox type local_unsafe): agent commands then run as this user, with network access.",
-                         args.env, err)
+                         env.target, err)
         return 2
     print(f"listening on {url}", flush=True)
     if args.url_file:

@@ -4,7 +4,7 @@ wire types onto the EpisodeRunner, which owns admission, deadlines and cancellat
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Any, Optional
 
 import orjson
 from fastapi import FastAPI, Path, Query, Request
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.protocols.fields import MAX_ID_CHARS
-from asyncrl.service import GuardMiddleware
+from asyncrl.service import GuardMiddleware, install_server_info
 from envs.sdk.metrics import ServiceMetrics
 from asyncrl.protocols.env_service import (CancelResponse, EpisodeRequest, EpisodeResponse, ErrorResponse,
                                            HealthResponse, InfoResponse, TasksResponse)
@@ -30,10 +30,13 @@ OPEN_PATHS = ("/health", "/metrics")
 
 
 def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain: str,
-               auth_token: Optional[str] = None) -> FastAPI:
+               auth_token: Optional[str] = None, section: Optional[Any] = None) -> FastAPI:
+    """`section`: the config dataclass GET /server_info reports (secrets redacted)."""
     app = FastAPI(title=f"asyncrl env service {name}", docs_url=None, redoc_url=None)
     app.add_middleware(GuardMiddleware, auth_token=auth_token, max_request_bytes=MAX_REQUEST_BYTES,
                        error_body=_error_body, open_prefixes=OPEN_PATHS)
+    if section is not None:
+        install_server_info(app, section)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -14,7 +14,7 @@ import os
 import socket
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import uvicorn
 
@@ -58,6 +58,9 @@ class ServiceConfig:
     llm_max_retries: int = 1
     """Retries of a failed model call inside one episode (the orchestrator retries whole episodes)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    section: Optional[Any] = None
+    """The config section the service was started from (envs.serve: its EnvServiceConfig), reported by
+    GET /server_info; None reports this ServiceConfig."""
 
 
 class EnvService:
@@ -81,7 +84,8 @@ class EnvService:
         self.runner = EpisodeRunner(self.env, self.config.capacity, self.sandboxes, self.metrics,
                                     self.config.llm_max_retries)
         await self.runner.load_tasks()
-        app = create_app(self.runner, self.metrics, self.name, self.domain, self.config.auth_token)
+        app = create_app(self.runner, self.metrics, self.name, self.domain, self.config.auth_token,
+                         self.config.section or self.config)
         sock = _bind(self.config.host, self.config.port)
         self.url = self.config.public_url or _url(*sock.getsockname()[:2])
         self._server = _QuietServer(uvicorn.Config(app, log_config=None, access_log=False,
