@@ -555,7 +555,8 @@ def gateway_section(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> G
 
 def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> OrchestratorConfig:
     """The orchestrator's resolved section (the same in both modes but for the staleness limit): the run's
-    Redis, name, gateway, seed and sampling, the trainer's schedule, and each env's own limits."""
+    Redis, name, gateway (a training run records every episode: never an llm_url), seed and sampling, the
+    trainer's schedule, and each env's own limits."""
     o = cfg.orchestrator
     # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
     # sync mode is limit 0: one batch per weight version, generated after the previous push.
@@ -563,7 +564,7 @@ def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> Orches
     groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
     # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
     envs = cfg.envs.services.values()
-    return replace(o, redis_url=redis_url, run_name=cfg.name, sessions="gateway", gateway_url=gateway,
+    return replace(o, redis_url=redis_url, run_name=cfg.name, sessions="gateway", gateway_url=gateway, llm_url=None,
                    seed=cfg.seed, sampling=cfg.rollout.sampling, staleness_limit=staleness,
                    groups_per_step=groups_per_version,
                    max_turns_by_env=_by_env(o.max_turns_by_env, {e.name: e.max_turns for e in envs}),

@@ -16,9 +16,9 @@ from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
 from asyncrl.evaluate import Driver, EvalSpec
-from asyncrl.launcher import Job, env_service_args, orchestrator_args
+from asyncrl.launcher import Job, env_service_args, orchestrator_section
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
-from envs.serve import key_values, parse_args as parse_service_args, sandbox_config
+from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.server import parse_args
 from tests.envs.recording_orchestrator import RecordingOrchestrator
@@ -96,10 +96,11 @@ def test_an_override_adds_an_env_beside_the_built_in_one_and_its_domain_is_never
 
     orchestrator = RecordingOrchestrator().start()
     try:
-        args = {env.name: env_service_args(env, orchestrator.url) for env in cfg.envs.services.values()}
-        assert (flag(args["arithmetic"], "--name"), flag(args["arithmetic"], "--domain")) == ("arithmetic", "tasks")
-        assert flag(args["mine"], "--name") == "mine" and "--domain" not in args["mine"]
-        assert flag(args["mine"], "--orchestrator") == orchestrator.url and flag(args["mine"], "--capacity") == "8"
+        args = {env.name: env_service_args(tmp_path, env, orchestrator.url) for env in cfg.envs.services.values()}
+        arithmetic, mine = (parse_service_args(args[name]).section for name in ("arithmetic", "mine"))
+        assert (arithmetic.name, arithmetic.domain) == ("arithmetic", "tasks")
+        assert mine.name == "mine" and mine.domain is None
+        assert flag(args["mine"], "--orchestrator") == orchestrator.url and mine.capacity == 8
         project = user_project(tmp_path / "project")
         started = [spawn_service(args[name], project, tmp_path / f"{name}.log") for name in args]
         try:
@@ -156,16 +157,16 @@ def test_an_envs_own_limits_reach_its_episodes_and_no_other_envs(tmp_path, redis
                f"+envs.services.long={{target: tests.orchestrator.timed_env.TimedEnv, max_turns: 3, "
                f"episode_timeout_s: 40, {options}}}",
                f"+envs.services.short={{target: tests.orchestrator.timed_env.TimedEnv, {options}}}")
-    args = orchestrator_args(cfg, redis_server.url, "http://unused-gateway")
-    assert (flag(args, "--max-turns"), flag(args, "--episode-timeout-s")) == ("7", "50.0")
-    assert (flag(args, "--max-turns-by-env"), flag(args, "--episode-timeout-s-by-env")) == ("long=3", "long=40.0")
-    limits = [a for name in ("--max-turns", "--episode-timeout-s", "--max-turns-by-env", "--episode-timeout-s-by-env")
-              for a in (name, flag(args, name))]
+    section = orchestrator_section(cfg, redis_server.url, "http://unused-gateway")
+    assert (section.max_turns, section.episode_timeout_s) == (7, 50.0)
+    assert (section.max_turns_by_env, section.episode_timeout_s_by_env) == ({"long": 3}, {"long": 40.0})
+    limits = ["--max-turns", "7", "--episode-timeout-s", "50.0", "--max-turns-by-env", "long=3",
+              "--episode-timeout-s-by-env", "long=40.0"]  # the section's limits, as flags (the helper gives --llm-url)
     orch = Orchestrator(tmp_path, redis_server.url, run_name, *limits, "--group-size", "2", "--max-groups", "200")
     services = []
     try:
         for env in cfg.envs.services.values():  # the launcher's command line, as its supervisor runs it
-            services.append((env.name, *spawn_service(env_service_args(env, orch.url), ROOT,
+            services.append((env.name, *spawn_service(env_service_args(tmp_path, env, orch.url), ROOT,
                                                       tmp_path / f"{env.name}.log")))
         # The first env up takes the groups until the other's task list is read; then they alternate.
         status = orch.wait(lambda s: all(s["by_env"].get(name, {}).get("groups_completed", 0) >= 2
@@ -233,20 +234,20 @@ with ExitStack() as stack:
     assert sorted(c.path for c in orchestrator.of("DELETE")) == ["/v1/envs/env-1", "/v1/envs/env-2"]
 
 
-def test_sandbox_options_reach_the_services_sandbox_config():
-    """A list (ro_paths) and a number cross the command line as the service reads them."""
+def test_sandbox_options_reach_the_services_sandbox_config(tmp_path):
+    """A list (ro_paths) and a number cross the section file as the service reads them."""
     env = load("experiment=tiny_demo", "+envs.services.sh={target: envs.terminal.TerminalEnv, "
                "sandbox_options: {ro_paths: [/usr/share], memory_mb: 1024}}").envs.services["sh"]
-    sandbox = sandbox_config(parse_service_args(env_service_args(env, None)))
+    sandbox = sandbox_config(parse_service_args(env_service_args(tmp_path, env, None)).section)
     assert (sandbox.type, sandbox.ro_paths, sandbox.memory_mb) == ("namespace", ["/usr/share"], 1024)
 
 
-def test_env_options_reach_the_service_with_their_types():
-    """Constructor options cross the command line as JSON: a list, a boolean and a string of digits
+def test_env_options_reach_the_service_with_their_types(tmp_path):
+    """Constructor options cross the section file as JSON: a list, a boolean and a string of digits
     arrive as themselves (they once arrived as "['a']", "True" and 5)."""
     env = load("experiment=tiny_demo", "+envs.services.t={target: envs.tasks.ArithmeticEnv, "
                "options: {tags: [a, b], verbose: true, code: '5', sleep_s: 0.5}}").envs.services["t"]
-    assert key_values(parse_service_args(env_service_args(env, None)).option) == {
+    assert parse_service_args(env_service_args(tmp_path, env, None)).section.options == {
         "tags": ["a", "b"], "verbose": True, "code": "5", "sleep_s": 0.5}
 
 

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from asyncrl.config import RolloutConfig, RunConfig, SamplingConfig, register_configs, to_dataclass
-from asyncrl.launcher import orchestrator_args
+from asyncrl.launcher import orchestrator_section, write_config
 from asyncrl.protocols.engine import SamplingParams as EngineSampling
 from asyncrl.protocols.gateway import ChatCompletionRequest
 from envs.sdk.base import EpisodeContext
@@ -37,9 +37,10 @@ def agent_request(context: EpisodeContext) -> ChatCompletionRequest:
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_every_sampling_field_reaches_the_engine(mode):
+def test_every_sampling_field_reaches_the_engine(mode, tmp_path):
     run = RunConfig(mode=mode, rollout=RolloutConfig(sampling=SamplingConfig(**VALUES)))
-    orchestrator, _ = parse_args(orchestrator_args(run, "redis://127.0.0.1:1", "http://127.0.0.1:2"))
+    orchestrator, _ = parse_args(write_config(tmp_path, "orchestrator",
+                                              orchestrator_section(run, "redis://127.0.0.1:1", "http://127.0.0.1:2")))
     assert orchestrator.sampling == run.rollout.sampling
 
     session = session_sampling(orchestrator.sampling, seed=5)

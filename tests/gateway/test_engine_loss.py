@@ -76,11 +76,11 @@ async def test_no_engine_within_the_wait_is_a_503_naming_it(redis_server, gatewa
         assert gateway.stop() == 0, gateway.log()
 
 
-def test_the_launcher_passes_the_engine_wait_to_the_gateway():
+def test_the_launcher_passes_the_engine_wait_to_the_gateway(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from asyncrl.config import GatewayConfig, register_configs, to_dataclass
-    from asyncrl.launcher import gateway_args
+    from asyncrl.launcher import gateway_section, write_config
     from gateway.server import parse_args
     from tests.services import ROOT
 
@@ -88,6 +88,7 @@ def test_the_launcher_passes_the_engine_wait_to_the_gateway():
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         run = to_dataclass(compose("config", overrides=["experiment=tiny_demo", "gateway.engine_wait_s=45.5",
                                                         "gateway.max_interruptions=3"]))
-    cfg, _ = parse_args(gateway_args(run, "redis://127.0.0.1:1", ["http://127.0.0.1:2"]))
+    cfg, _ = parse_args(write_config(tmp_path, "gateway", gateway_section(run, "redis://127.0.0.1:1",
+                                                                          ["http://127.0.0.1:2"])))
     assert (cfg.engine_wait_s, cfg.max_interruptions, cfg.engine_urls) == (45.5, 3, ["http://127.0.0.1:2"])
     assert GatewayConfig.engine_wait_s > 11  # the default outlasts an engine restart (~11 s on CPU)

@@ -193,11 +193,11 @@ async def test_the_command_line_sets_it_and_groups_of_one_are_refused():
                                 dynamic_sampling=DynamicSamplingConfig(enabled=True)), Store.connect("redis://x", "x"))
 
 
-def test_the_launcher_passes_dynamic_sampling_to_the_orchestrator():
+def test_the_launcher_passes_dynamic_sampling_to_the_orchestrator(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from asyncrl.config import register_configs, to_dataclass
-    from asyncrl.launcher import orchestrator_args
+    from asyncrl.launcher import orchestrator_section, write_config
     from orchestrator.server import parse_args
     from tests.services import ROOT
 
@@ -208,9 +208,10 @@ def test_the_launcher_passes_dynamic_sampling_to_the_orchestrator():
                                                         "orchestrator.dynamic_sampling.enabled=true",
                                                         "orchestrator.dynamic_sampling.std_tol=0.05",
                                                         "orchestrator.dynamic_sampling.max_filtered_batches=4"]))
-    args = orchestrator_args(off, "redis://127.0.0.1:1", "http://127.0.0.1:2")
-    assert not any(a.startswith("--dynamic-sampling") for a in args)  # off: the command line is as before
-    cfg, _ = parse_args(orchestrator_args(run, "redis://127.0.0.1:1", "http://127.0.0.1:2"))
+    assert orchestrator_section(off, "redis://127.0.0.1:1", "http://127.0.0.1:2").dynamic_sampling \
+        == DynamicSamplingConfig()  # off: as before
+    cfg, _ = parse_args(write_config(tmp_path, "orchestrator",
+                                     orchestrator_section(run, "redis://127.0.0.1:1", "http://127.0.0.1:2")))
     assert cfg.dynamic_sampling == DynamicSamplingConfig(enabled=True, std_tol=0.05, max_filtered_batches=4)
     assert (cfg.staleness_limit, cfg.groups_per_step) == (0, run.trainer.groups_per_step)  # sync: one batch a version
 

@@ -1,0 +1,170 @@
+"""Every config field of the gateway, the orchestrator and an env service reaches the running service.
+
+Each field of their sections is set to a value other than its default (generated from the dataclass
+fields, so a field added later is covered at once), the services are started the way the launcher
+starts them (its section builders, the section files in the run dir, the tokens by environment; real
+processes, a real redis-server), and each one's GET /server_info is compared with what the run config
+asked for: the test fails naming every field that did not arrive. A field the launcher fills in from
+elsewhere in the run config says where from (LAUNCHER_FILLS); one that cannot take an arbitrary value
+is given one (FIXED), with the reason.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import fields, is_dataclass, replace
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RolloutConfig, RunConfig,
+                            SamplingConfig, TrainerConfig, WeightPushConfig, is_secret, section_data)
+from asyncrl.launcher import Job, gateway_section
+from tests.services import ServiceProcess
+
+ENGINE_URL = "http://127.0.0.1:9/engine"
+"""No engine serves there: the gateway only has to hold it in its config."""
+
+FIXED: dict[str, Any] = {
+    "gateway.host": "localhost",  # an address of this machine, other than the default 127.0.0.1
+    "orchestrator.host": "localhost",
+    "gateway.tokenizer": "builtin:tiny",  # a tokenizer the gateway can load (default None: the model's)
+    "env.target": "tests.orchestrator.timed_env.TimedEnv",  # an env class that exists (no default)
+    "env.options": {"sleep_s": 0.05, "num_tasks": 3},  # keyword arguments the class takes
+    "env.sandbox": "local_unsafe",  # a sandbox type that exists (default namespace)
+    "env.sandbox_options": {"memory_mb": 1024},  # a SandboxConfig field
+}
+
+LAUNCHER_FILLS: dict[str, Callable[[RunConfig, dict], Any]] = {
+    # The supervisor starts every service with --port 0 and publishes the bound URL.
+    "gateway.port": lambda cfg, urls: 0,
+    "orchestrator.port": lambda cfg, urls: 0,
+    "gateway.redis_url": lambda cfg, urls: urls["redis"],
+    "gateway.run_name": lambda cfg, urls: cfg.name,
+    "gateway.engine_urls": lambda cfg, urls: [ENGINE_URL],  # the engines the launcher started
+    "gateway.engines_from_redis": lambda cfg, urls: True,   # then followed in Redis, across restarts
+    "gateway.routing_replay": lambda cfg, urls: cfg.rollout.routing_replay,
+    "orchestrator.redis_url": lambda cfg, urls: urls["redis"],
+    "orchestrator.run_name": lambda cfg, urls: cfg.name,
+    "orchestrator.sessions": lambda cfg, urls: "gateway",  # a training run records every episode
+    "orchestrator.gateway_url": lambda cfg, urls: urls["gateway"],
+    "orchestrator.llm_url": lambda cfg, urls: None,
+    "orchestrator.seed": lambda cfg, urls: cfg.seed,
+    "orchestrator.sampling": lambda cfg, urls: section_data(cfg.rollout.sampling),
+    "orchestrator.staleness_limit": lambda cfg, urls: cfg.trainer.staleness_tau,  # async mode
+    "orchestrator.groups_per_step": lambda cfg, urls: cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps,
+    "orchestrator.max_turns_by_env": lambda cfg, urls: {**cfg.orchestrator.max_turns_by_env,
+                                                        **{e.name: e.max_turns for e in cfg.envs.services.values()}},
+    # Secrets travel by environment variable, from where the run config holds them; /server_info says "<set>".
+    "gateway.engine_api_key": lambda cfg, urls: "<set>" if cfg.rollout.api_key else None,
+    "orchestrator.gateway_token": lambda cfg, urls: "<set>" if cfg.gateway.auth_token else None,
+    "orchestrator.env_token": lambda cfg, urls: "<set>" if cfg.envs.auth_token else None,
+    "orchestrator.episode_timeout_s_by_env": lambda cfg, urls: {
+        **cfg.orchestrator.episode_timeout_s_by_env,
+        **{e.name: e.episode_timeout_s for e in cfg.envs.services.values()}},
+}
+
+
+def other_value(value: Any, hint: Any, key: str) -> Any:
+    """A value of type `hint` other than `value` (the default)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    kind = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    origin = typing.get_origin(kind) or kind
+    if is_dataclass(value):
+        return varied(value, key)
+    if origin is bool:
+        return not value
+    if origin is int:
+        return (value or 0) + 3
+    if origin is float:
+        return value / 2 if value else 0.5
+    if origin is str:
+        return f"{key}-varied"
+    if origin is list:
+        return [*(value or []), f"{key}-varied"]
+    if origin is dict:
+        return {"varied": other_value(None, typing.get_args(kind)[1], key)}
+    raise AssertionError(f"{key}: no rule for a non-default {hint}; add one here or a FIXED value with its reason")
+
+
+def varied(section: Any, prefix: str) -> Any:
+    """`section` with every field changed (FIXED ones as given there)."""
+    hints = typing.get_type_hints(type(section))
+    keys = {f.name: f"{prefix}.{f.name}" for f in fields(section)}
+    return type(section)(**{name: FIXED[key] if key in FIXED else other_value(getattr(section, name), hints[name], key)
+                            for name, key in keys.items()})
+
+
+def run_config() -> RunConfig:
+    env = varied(EnvServiceConfig(), "env")
+    return RunConfig(name="propagation", seed=11, gateway=varied(GatewayConfig(), "gateway"),
+                     orchestrator=varied(OrchestratorConfig(), "orchestrator"), envs=EnvsConfig(services={"timed": env}, auth_token="env-secret"),
+                     rollout=RolloutConfig(routing_replay=True, api_key="engine-key",
+                                           sampling=varied(SamplingConfig(), "sampling")),
+                     trainer=TrainerConfig(staleness_tau=2, groups_per_step=3,
+                                           weight_push=WeightPushConfig(every_k_steps=2)))
+
+
+def expected(name: str, section: Any, cfg: RunConfig, urls: dict) -> dict[str, Any]:
+    """What /server_info should say: the run config's section, the launcher's fills, secrets as "<set>"."""
+    data = section_data(section, redact=True)
+    for key, source in LAUNCHER_FILLS.items():
+        owner, _, field_name = key.partition(".")
+        if owner == name:
+            data[field_name] = source(cfg, urls)
+    return data
+
+
+def not_arrived(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    return [f"{key}: configured {value!r}, the service has {got.get(key, '<missing>')!r}"
+            for key, value in want.items() if got.get(key, "<missing>") != value]
+
+
+def test_every_field_differs_from_its_default():
+    """Otherwise a field that never arrives would pass unseen."""
+    cfg = run_config()
+    pairs = [(cfg.gateway, GatewayConfig()), (cfg.orchestrator, OrchestratorConfig()),
+             (cfg.rollout.sampling, SamplingConfig()), (cfg.envs.services["timed"], EnvServiceConfig(target="x"))]
+    same = [f"{type(s).__name__}.{f.name}" for s, default in pairs for f in fields(s)
+            if getattr(s, f.name) == getattr(default, f.name) and not is_dataclass(getattr(s, f.name))]
+    assert same == []
+
+
+def test_the_check_names_a_field_the_launcher_drops():
+    cfg = run_config()
+    urls = {"redis": "redis://127.0.0.1:1", "gateway": "http://gw"}
+    dropped = replace(gateway_section(cfg, urls["redis"], [ENGINE_URL]), max_interruptions=8, port=0)
+    assert [line.split(":")[0] for line in not_arrived(expected("gateway", cfg.gateway, cfg, urls),
+                                                       section_data(dropped, redact=True))] == ["max_interruptions"]
+
+
+def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
+    cfg = run_config()
+    job, started = Job(cfg, tmp_path, redis_server.url), []
+
+    def service(name: str, module: str, args: list[str], env=None) -> str:  # the supervisor's command, no Ray
+        started.append(ServiceProcess(module, args, tmp_path, name=name, env=env))
+        return started[-1].url
+
+    job._service = service
+    job.engines = SimpleNamespace(urls=lambda: [ENGINE_URL])
+    env = cfg.envs.services["timed"]
+    try:
+        urls = {"redis": redis_server.url, "gateway": job._start_gateway()}
+        urls["orchestrator"] = job._start_orchestrator(urls["gateway"])
+        urls["env"] = job._start_env(env, 0, urls["orchestrator"])
+        missing = []
+        for name, section, token in [("gateway", cfg.gateway, cfg.gateway.auth_token),
+                                     ("orchestrator", cfg.orchestrator, cfg.orchestrator.auth_token),
+                                     ("env", env, cfg.envs.auth_token)]:
+            reply = httpx.get(f"{urls[name]}/server_info", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            assert reply.status_code == 200, reply.text
+            missing += [f"{name}.{line}" for line in not_arrived(expected(name, section, cfg, urls), reply.json())]
+        assert missing == [], "settings that did not reach the service:\n" + "\n".join(missing)
+        assert all(is_secret(f) for f in fields(GatewayConfig) if f.name in ("auth_token", "engine_api_key"))
+        assert not any(str(cfg.gateway.auth_token) in p.read_text() for p in (tmp_path / "config").iterdir())
+    finally:
+        codes = [proc.stop() for proc in reversed(started)]
+    assert codes == [0] * len(started), [proc.log() for proc in started]
