@@ -13,7 +13,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from asyncrl.chat_template import GlmChatTemplate
 from asyncrl.config import GatewayConfig
-from asyncrl.protocols.gateway import ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse, EnginesResponse
+from asyncrl.protocols.gateway import (ChatCompletionRequest, CreateSessionRequest, CreateSessionResponse,
+                                       EnginesResponse)
 from asyncrl.store import Store
 from gateway.engines import EnginePool
 from gateway.generation import TurnRunner
@@ -78,7 +79,7 @@ class Gateway:
             response = json_response(completion)
             response.headers[ENGINE_LATENCY_HEADER] = f"{engine_latency_s:.6f}"
             return response
-        _, plan = await self.turns.plan_chat(session, body)  # dry run: bad messages or sampling are a 400 before the stream
+        _, plan = await self.turns.plan_chat(session, body)  # dry run: a bad request is a 400 before the stream
         self.turns.chat_sampling(session, body, plan)
         return StreamingResponse(self.turns.chat_stream(session, body), media_type="text/event-stream")
 

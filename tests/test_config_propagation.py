@@ -58,7 +58,8 @@ LAUNCHER_FILLS: dict[str, Callable[[RunConfig, dict], Any]] = {
     "orchestrator.seed": lambda cfg, urls: cfg.seed,
     "orchestrator.sampling": lambda cfg, urls: section_data(cfg.rollout.sampling),
     "orchestrator.staleness_limit": lambda cfg, urls: cfg.trainer.staleness_tau,  # async mode
-    "orchestrator.groups_per_step": lambda cfg, urls: cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps,
+    "orchestrator.groups_per_step": lambda cfg, urls: (cfg.trainer.groups_per_step
+                                                       * cfg.trainer.weight_push.every_k_steps),
     "orchestrator.max_turns_by_env": lambda cfg, urls: {**cfg.orchestrator.max_turns_by_env,
                                                         **{e.name: e.max_turns for e in cfg.envs.services.values()}},
     # Secrets travel by environment variable, from where the run config holds them; /server_info says "<set>".
@@ -104,7 +105,8 @@ def varied(section: Any, prefix: str) -> Any:
 def run_config() -> RunConfig:
     env = varied(EnvServiceConfig(), "env")
     return RunConfig(name="propagation", seed=11, gateway=varied(GatewayConfig(), "gateway"),
-                     orchestrator=varied(OrchestratorConfig(), "orchestrator"), envs=EnvsConfig(services={"timed": env}, auth_token="env-secret"),
+                     orchestrator=varied(OrchestratorConfig(), "orchestrator"),
+                     envs=EnvsConfig(services={"timed": env}, auth_token="env-secret"),
                      rollout=RolloutConfig(routing_replay=True, api_key="engine-key",
                                            sampling=varied(SamplingConfig(), "sampling")),
                      trainer=TrainerConfig(staleness_tau=2, groups_per_step=3,
