@@ -8,6 +8,8 @@ services and the trainer, wired by URL, until `total_steps`; then a clean shutdo
 Components are named by dotted path in `cfg.components` and imported only here, at run time (asyncrl
 never imports a component statically). Services run as supervised processes inside Ray actors
 (asyncrl.supervisor), so a crashed service is restarted and a killed actor is recreated by Ray.
+Each service gets its resolved config section as `--config <run_dir>/config/<name>.json` (secrets by
+environment variable; docs/run.md "One config path into every service").
 The launcher exits 0 when the trainer reaches total_steps, or non-zero with a message naming the
 component that failed.
 """
