@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import httpx
-import pytest
 
 from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RolloutConfig, RunConfig,
                             SamplingConfig, TrainerConfig, WeightPushConfig, is_secret, section_data)
