@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import io
 import os
 import tarfile
@@ -27,10 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncContextManager, Callable, Mapping, Optional, Sequence, Union
 
-SANDBOX_BACKENDS = {
+from asyncrl.plugins import load_plugin
+
+SANDBOX_BACKENDS: dict[str, str] = {
     "namespace": "envs.sdk.sandbox_namespace:NamespaceBackend",
     "local_unsafe": "envs.sdk.sandbox_local:LocalUnsafeBackend",
 }
+"""Sandbox `type` built-ins -> import path of their SandboxBackend (asyncrl/plugins.py)."""
 
 Command = Union[str, Sequence[str]]
 """A shell script (run by bash -c) or an argv list."""
@@ -185,12 +187,8 @@ def dir_name(name: str) -> str:
 
 
 def make_sandbox_backend(config: SandboxConfig) -> SandboxBackend:
-    """The backend registered under config.type (or the module:Class it names)."""
-    target = SANDBOX_BACKENDS.get(config.type, config.type)
-    if ":" not in target:
-        raise ValueError(f"unknown sandbox type {config.type!r}; known: {sorted(SANDBOX_BACKENDS)} or module:Class")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    """The backend `config.type` names (a built-in or the import path of a SandboxBackend)."""
+    return load_plugin(SANDBOX_BACKENDS, config.type, "sandbox type")(config)
 
 
 async def _collect(proc: asyncio.subprocess.Process, stdin: Optional[bytes], *, cap: int, timeout_s: float,
