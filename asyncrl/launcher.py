@@ -5,7 +5,7 @@ services and the trainer, wired by URL, until `total_steps`; then a clean shutdo
       -> trainer actor (built while the rest starts) -> engines (Ray actors) -> gateway -> orchestrator
       -> env services -> trainer.run(total_steps)
 
-Components are named by dotted path in `cfg.components` and imported only here, at run time (asyncrl
+Components are named by import path in `cfg.components` and imported only here, at run time (asyncrl
 never imports a component statically). Services run as supervised processes inside Ray actors
 (asyncrl.supervisor), so a crashed service is restarted and a killed actor is recreated by Ray.
 The launcher exits 0 when the trainer reaches total_steps, or non-zero with a message naming the

@@ -1,6 +1,6 @@
 """Supervised warm-up: teach a fresh model the task format before RL (the demo's first minute).
 
-The demonstrations come from an environment class named by dotted path (it must offer
+The demonstrations come from an environment class named by import path (it must offer
 `demonstrations(count, seed) -> list of OpenAI message lists`), rendered with the same chat template
 and stop token the gateway uses, so RL starts from a policy that already speaks the format. Only
 assistant tokens (and the stop token that ends each reply) are in the loss.

@@ -10,7 +10,8 @@ episode: a fresh directory plus a way to run commands in it under limits. Backen
 - `local_unsafe` (envs.sdk.sandbox_local): a plain subprocess with rlimits and a timeout. NO
   isolation: only for operators who opt in explicitly on machines without namespaces.
 
-A dotted path `package.module:Class` selects a backend written elsewhere.
+An import path (`package.module:Class` or `package.module.Class`, asyncrl/plugins.py) selects a backend
+written elsewhere.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class SandboxError(OSError):
 @dataclass
 class SandboxConfig:
     type: str = "namespace"
-    """`namespace` (isolated, Linux + root), `local_unsafe` (no isolation, explicit opt-in) or module:Class."""
+    """`namespace` (isolated, Linux + root), `local_unsafe` (no isolation, explicit opt-in) or an import path."""
     root_dir: Optional[str] = None
     """Where episode directories are created; None = a fresh temporary directory per service."""
     command_timeout_s: float = 30.0
