@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import LossConfig, OrchestratorConfig, RolloutConfig, TrainerConfig, WeightPushConfig
+from asyncrl.config import (LossConfig, OrchestratorConfig, RolloutConfig, TrainerConfig, WarmupConfig,
+                            WeightPushConfig, load_model_section)
 from asyncrl.plugins import PluginNotFound, load_object, load_plugin
 from envs.sdk.sandbox import SANDBOX_BACKENDS, SandboxConfig, make_sandbox_backend
 from orchestrator.sessions import SESSION_PROVIDERS, make_sessions
@@ -15,6 +16,7 @@ from rollout.backends import make_backend as make_engine_backend
 from trainer.backends.base import BACKENDS as TRAINER_BACKENDS
 from trainer.backends.base import make_backend as make_trainer_backend
 from trainer.losses import LOSSES, DirectDoubleSidedIS, build_loss
+from trainer.sft import warmup
 from trainer.weight_push import PUSHERS, DiskPusher, WeightSync
 
 HERE = "tests.asyncrl.test_plugins"
@@ -26,6 +28,19 @@ class UserPlugin:
 
     def __init__(self, *args) -> None:
         self.args = args
+
+
+class UserDemoEnv:
+    """A user's warm-up env: one demonstration dialogue, `count` times."""
+
+    requested: list[tuple[int, int]] = []
+
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+
+    def demonstrations(self, count: int, seed: int) -> list[list[dict[str, str]]]:
+        UserDemoEnv.requested.append((count, seed))
+        return [[{"role": "user", "content": "1+1="}, {"role": "assistant", "content": self.reply}]] * count
 
 
 def test_both_syntaxes_name_the_same_object():
@@ -97,3 +112,9 @@ def test_every_plugin_point_loads_a_users_class_by_import_path():
         "rollout.backend": (rollout_cfg,), "orchestrator.sessions": (orchestrator_cfg, http),
         "weight_push.method": (push_cfg,), "sandbox type": (sandbox_cfg,)}
     assert isinstance(WeightSync(WeightPushConfig(), store=None, weights_dir=Path("w")).pusher, DiskPusher)
+
+
+def test_the_warmup_env_is_a_users_class_by_import_path(tmp_path):
+    cfg = WarmupConfig(steps=1, batch_size=2, env=f"{HERE}:UserDemoEnv", env_options={"reply": "2"})
+    out = warmup(load_model_section("tiny"), cfg, str(tmp_path / "warmup"), seed=3)
+    assert UserDemoEnv.requested == [(2, 3)] and (Path(out) / "config.json").is_file()
