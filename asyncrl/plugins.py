@@ -58,4 +58,4 @@ def load_plugin(builtins: Mapping[str, str], value: str, setting: str) -> Any:
     try:
         return load_object(value)
     except PluginNotFound as err:
-        raise PluginNotFound(f"{setting}: {err}", err.missing_module) from None
+        raise PluginNotFound(f"{setting}: {err} (built-ins: {sorted(builtins)})", err.missing_module) from None

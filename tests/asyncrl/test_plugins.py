@@ -78,7 +78,8 @@ def test_a_setting_names_itself_and_its_builtins():
     with pytest.raises(ValueError, match=r"loss.type 'grpo' not in \['direct_double_sided_is', 'icepop_ppo'\] and "
                                          r"not an import path \(package.module:Name or package.module.Name\)"):
         build_loss(LossConfig(type="grpo"))
-    with pytest.raises(PluginNotFound, match=r"^trainer.backend: cannot import 'my_pkg.Backend': no module named"):
+    with pytest.raises(PluginNotFound, match=r"^trainer.backend: cannot import 'my_pkg.Backend': no module named "
+                                             r"'my_pkg' \(built-ins: \['megatron', 'torch'\]\)$"):
         make_trainer_backend(TrainerConfig(backend="my_pkg.Backend"), None)
     with pytest.raises(ValueError, match="is not an import path"):
         load_object("NoModule")
