@@ -13,7 +13,6 @@ which executes the leader's calls until the leader calls `close()`.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.config import ModelConfig
+from asyncrl.plugins import load_plugin
 from trainer.packing import MicroBatch
 
 
@@ -86,12 +86,10 @@ BACKENDS: dict[str, str] = {
     "torch": "trainer.backends.torch_backend:TorchBackend",
     "megatron": "trainer.backends.megatron_backend:MegatronBackend",
 }
-"""`trainer.backend` -> "module:Class" of a TrainerBackend, imported only when chosen."""
+"""`trainer.backend` built-ins -> import path of their TrainerBackend (asyncrl/plugins.py)."""
 
 
 def make_backend(cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> TrainerBackend:
-    """The backend `cfg.backend` names (its module is imported now, so megatron only when chosen)."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"trainer.backend {cfg.backend!r} not in {sorted(BACKENDS)}")
-    module, name = BACKENDS[cfg.backend].split(":")
-    return getattr(importlib.import_module(module), name)(cfg, model, seed)
+    """The backend `cfg.backend` names, a built-in or an import path (its module is imported now, so
+    megatron only when chosen)."""
+    return load_plugin(BACKENDS, cfg.backend, "trainer.backend")(cfg, model, seed)
