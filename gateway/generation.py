@@ -26,8 +26,9 @@ import numpy as np
 from asyncrl.engine_client import EngineError
 from asyncrl.protocols.engine import GenerateResponse, MetaInfo, routed_experts
 from gateway.engines import EnginePool, EngineState
+from gateway.errors import EngineCredentialError, NoEngineError
 from gateway.metrics import GatewayMetrics
-from gateway.session import EngineCall, Session, Turn
+from gateway.session_ledger import EngineCall, Session, Turn
 
 log = logging.getLogger("gateway.generation")
 
@@ -35,17 +36,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 """SGLang's default, used when neither the request nor the session gives one."""
 
 
-class NoEngineError(RuntimeError):
-    """No healthy engine is left to run the turn (503)."""
-
-
 class EngineRequestError(ValueError):
     """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
-
-
-class EngineCredentialError(RuntimeError):
-    """The engine refused the gateway's own credential (401/403): a misconfigured --engine-api-key, not
-    the client's fault, so a 502 rather than a 400."""
 
 
 def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> EngineCall:

@@ -22,6 +22,7 @@ import torch
 from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.config import ModelConfig
 from asyncrl.plugins import load_plugin
+from trainer.backends.leader import announce
 from trainer.packing import MicroBatch
 
 
@@ -77,14 +78,19 @@ class TrainerBackend(ABC):
     def load_checkpoint(self, path: Path) -> None:
         """Restore what `save_checkpoint` wrote (path visible to every rank)."""
 
-    @abstractmethod
     def reset_optimizer(self) -> None:
-        """Drop optimizer moments (the GLM-5 paper's default after each weight push)."""
+        """Drop optimizer moments (the GLM-5 paper's default after each weight push), on every rank."""
+        announce("reset_optimizer")
+        self._reset_optimizer()
+
+    @abstractmethod
+    def _reset_optimizer(self) -> None:
+        """This rank's reset (followers run it when the leader announces `reset_optimizer`)."""
 
 
 BACKENDS: dict[str, str] = {
     "torch": "trainer.backends.torch_backend:TorchBackend",
-    "megatron": "trainer.backends.megatron_backend:MegatronBackend",
+    "megatron": "trainer.backends.megatron.backend:MegatronBackend",
 }
 """`trainer.backend` built-ins -> import path of their TrainerBackend (asyncrl/plugins.py)."""
 
