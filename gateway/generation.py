@@ -24,7 +24,8 @@ import httpx
 import numpy as np
 
 from asyncrl.engine_client import EngineError
-from asyncrl.protocols.engine import GenerateResponse, MetaInfo, routed_experts
+from asyncrl.engine_response import routed_experts
+from asyncrl.protocols.engine import GenerateResponse, MetaInfo
 from gateway.engines import EnginePool, EngineState
 from gateway.metrics import GatewayMetrics
 from gateway.session import EngineCall, Session, Turn

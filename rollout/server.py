@@ -34,7 +34,8 @@ from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupReq
                               GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, MemoryOccupationRequest,
                               PauseGenerationRequest, SamplingParams, UpdateWeightVersionRequest,
                               UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
-                              UpdateWeightsFromTensorRequest, split_batch)
+                              UpdateWeightsFromTensorRequest)
+from rollout.batch import split_batch
 from rollout.request import Req
 from rollout.response import StreamView, response_body
 from rollout.weights import WeightsUpdateGroup, decode_tensors
