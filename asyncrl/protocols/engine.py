@@ -287,14 +287,32 @@ class DestroyWeightsUpdateGroupRequest(_Lenient):
     group_name: str = "weight_update_group"
 
 
-class WeightsUpdateResponse(BaseModel):
+class SuccessResponse(BaseModel):
+    """SGLang's answer to a control call: {"success", "message"} (a refusal too, with success false)."""
+
     success: bool
     message: str
+
+
+class WeightsUpdateResponse(SuccessResponse):
     num_paused_requests: int = 0
+
+
+class UpdateWeightVersionResponse(SuccessResponse):
+    new_version: str
+
+
+class AbortResponse(BaseModel):
+    success: bool
+    num_aborted: int
 
 
 class StatusResponse(BaseModel):
     status: str = "ok"
+
+
+class WeightVersionResponse(BaseModel):
+    weight_version: str
 
 
 class LoadEntry(BaseModel):
@@ -309,3 +327,27 @@ class LoadEntry(BaseModel):
 
 class LoadsResponse(BaseModel):
     loads: list[LoadEntry]
+
+
+class RankLoad(BaseModel):
+    """One entry of GET /get_load: what sglang-router polls for its load-aware policies."""
+
+    dp_rank: int = 0
+    num_reqs: int
+    """Running plus waiting requests."""
+    num_waiting_reqs: int
+    num_tokens: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "asyncrl"
+    root: str
+
+
+class ModelList(BaseModel):
+    """GET /v1/models (OpenAI's shape): the one served model."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
