@@ -34,8 +34,6 @@ from rollout.generation import Generation
 from rollout.metrics import EngineMetrics
 from rollout.weight_updates import WeightUpdates
 
-log = logging.getLogger("rollout.server")
-
 OPEN_PATHS = ("/health", "/metrics")
 """What SGLang's --api-key leaves open (prefixes: /health_generate too), so probes and scrapers need no key."""
 WEIGHT_PUSH_ROUTES = {"/update_weights_from_tensor": None}
