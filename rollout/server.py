@@ -62,7 +62,7 @@ def build_app(engine: Engine) -> FastAPI:
 
 
 async def _refused(_: Request, exc: Refused) -> JSONResponse:
-    return JSONResponse({"success": False, "message": exc.message}, status_code=exc.status)
+    return JSONResponse(SuccessResponse(success=False, message=exc.message).model_dump(), status_code=exc.status)
 
 
 def _generation_routes(app: FastAPI, generation: Generation) -> None:
