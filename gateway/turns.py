@@ -17,9 +17,9 @@ import orjson
 from starlette.requests import Request
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.protocols.engine import version_spans
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequest
 from asyncrl.tokenizer import Tokenizer
+from asyncrl.version_spans import version_spans
 from gateway.errors import ClientGoneError, NoEngineError, SessionClosedError
 from gateway.generation import TurnRunner
 from gateway.metrics import GatewayMetrics
