@@ -45,8 +45,9 @@ NEAR_TIE_MARGIN, NEAR_TIE_BOUND = 3e-5, 0.2
 (k+1)-th index scores are within fp32 rounding may select different keys in cached decode than in teacher
 forcing; its log-prob moves (at most 0.1 measured) and later tokens that attend to it inherit a smaller
 change. A relative margin below NEAR_TIE_MARGIN counts as a near tie (bench/results/logprob_mismatch.md:
-all 19 measured onsets lie below 7.2e-6, while about 1% of all queries lie below 3e-5). A wrong record (misaligned, wrong weights, tokens dropped or repeated) differs
-from its first affected token on, with no near tie there."""
+all 19 measured onsets lie below 7.2e-6, while 1.5% of all queries lie below 3e-5). A wrong record
+(misaligned, wrong weights, tokens dropped or repeated) differs from its first affected token on, with no
+near tie there."""
 
 
 def assert_teacher_forced(model, segment: dict[str, Any], tolerance: float = 1e-5) -> float:
