@@ -76,4 +76,4 @@ def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tu
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()
