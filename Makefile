@@ -34,7 +34,7 @@ test: install
 # megatron-core 0.19.2 declares Requires-Python >= 3.12, but its py3 wheel runs on 3.11: numpy comes
 # first from the constraints (else pip tries to build numpy 2.5 from source for it), then megatron-core
 # with --ignore-requires-python (it brings only numpy and packaging). triton is not installed: the one
-# module that imports it unconditionally is stubbed by trainer/backends/megatron_cpu_shims.py.
+# module that imports it unconditionally is stubbed by trainer/backends/megatron/cpu_shims.py.
 megatron: $(MEGATRON_STAMP)
 
 $(MEGATRON_STAMP): pyproject.toml constraints.txt

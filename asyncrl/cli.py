@@ -4,8 +4,9 @@ a component statically (DESIGN.md dependency rule)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
+
+from asyncrl.plugins import load_object
 
 # command words -> (module:function reading sys.argv, one-line help). Added as components land.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     target, _ = COMMANDS[name]
-    module_name, func_name = target.split(":")
     sys.argv = [f"asyncrl {name}", *argv[len(name.split()):]]
-    result = getattr(importlib.import_module(module_name), func_name)()
+    result = load_object(target)()
     return int(result or 0)
 
 

@@ -63,10 +63,15 @@ class SamplingConfig:
     and the gateway records the temperature of every generated token for the trainer."""
 
     temperature: float = 1.0
+    """Softmax temperature of every generated token (1.0: the model's own distribution)."""
     top_p: float = 1.0
+    """Nucleus sampling: probability mass kept (1.0: off; below 1 truncates, see allow_truncation)."""
     top_k: int = -1
+    """Sample among the k most likely tokens only (-1 or 0: off; above 0 truncates)."""
     min_p: float = 0.0
+    """Drop tokens below min_p x the most likely token's probability (0.0: off; above 0 truncates)."""
     max_new_tokens: int = 256
+    """Tokens one model turn may generate at most."""
     allow_truncation: bool = False
     """Accept top_p < 1, top_k > 0, min_p > 0 or min_new_tokens > 0 in RL sessions (config or agent
     request). Off: the run refuses such a config at start and the gateway answers such a request with a
@@ -99,10 +104,14 @@ ENGINE_API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
 @dataclass
 class RolloutConfig:
     backend: str = "cpu"
-    """`cpu`: asyncrl's built-in SGLang-compatible engine. `sglang`: a real SGLang server (GPU)."""
+    """Plugin (asyncrl/plugins.py): `cpu` (asyncrl's built-in SGLang-compatible engine), `sglang` (a real
+    SGLang server, GPU), or the import path of an EngineBackend (`my_pkg.mod:MyBackend`)."""
     num_engines: int = 1
+    """Engine servers the run starts (one Ray actor each)."""
     num_cpus_per_engine: float = 1.0
+    """Ray CPUs reserved for each engine actor."""
     num_gpus_per_engine: float = 0.0
+    """Ray GPUs reserved for each engine actor (0 for the cpu backend)."""
     max_running_requests: int = 128
     """Continuous-batching width: requests decoded together in one step."""
     max_total_tokens: int = 65536
@@ -118,7 +127,9 @@ class RolloutConfig:
     """Engines stream only what is new in each event (SGLang's --incremental-streaming-output), so a long
     streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""
     health_check_interval_s: float = 10.0
+    """Seconds between health checks of each engine process; a failed or dead one is restarted."""
     health_check_timeout_s: float = 30.0
+    """Seconds a health check may take before the engine counts as failed (x 10: its start-up)."""
     api_key: Optional[str] = field(default=None, repr=False)
     """Engine API key (SGLang's --api-key): every engine route but /health*, /metrics wants
     `Authorization: Bearer <key>`; the launcher gives it to the engines, the gateway and the trainer."""
@@ -127,20 +138,25 @@ class RolloutConfig:
     cpu_args: list[str] = field(default_factory=list)
     """Extra command-line flags passed to `asyncrl engine serve` (CPU backend), e.g. [--stream-interval, 4]."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Default sampling of rollout turns (SamplingConfig)."""
 
 
 @dataclass
 class GatewayConfig:
     host: str = "127.0.0.1"
+    """Interface the gateway binds (0.0.0.0: every interface)."""
     port: int = 0
     """0 picks a free port (the bound URL is published through Ray/Redis)."""
     auth_token: Optional[str] = None
     """When set, every route requires `Authorization: Bearer <token>`."""
     max_request_bytes: int = 8 * 1024 * 1024
+    """Largest request body accepted, in bytes; a larger one is refused."""
     load_factor: float = 1.25
     """Bounded-load consistent hashing: no engine takes more than load_factor x the mean load."""
     engine_timeout_s: float = 600.0
+    """HTTP timeout of one engine call, in seconds (connect: 5 s)."""
     health_interval_s: float = 2.0
+    """Seconds between health rounds over the engines (and re-reads of the registry with engines_from_redis)."""
     engine_urls: list[str] = field(default_factory=list)
     """Engines to route over at start; the set may be replaced later (POST /engines)."""
     engines_from_redis: bool = False
@@ -184,6 +200,7 @@ class DynamicSamplingConfig:
     they neither deadlock nor break the staleness bound."""
 
     enabled: bool = False
+    """Filter complete groups whose rewards are all equal (the class docstring says how)."""
     std_tol: float = 0.0
     """A group is uninformative when the population std of its done members' rewards is <= std_tol
     (0: exactly equal rewards, as DAPO, slime and verl filter)."""
@@ -199,7 +216,9 @@ class DynamicSamplingConfig:
 @dataclass
 class OrchestratorConfig:
     host: str = "127.0.0.1"
+    """Interface the orchestrator binds (0.0.0.0: every interface)."""
     port: int = 0
+    """Port it binds; 0 picks a free one (the bound URL is published through Ray/Redis)."""
     auth_token: Optional[str] = None
     """When set, every /v1 route requires `Authorization: Bearer <token>` (/health, /metrics stay open)."""
     redis_url: Optional[str] = None
@@ -207,10 +226,13 @@ class OrchestratorConfig:
     run_name: str = "asyncrl"
     """Key prefix of the run in Redis (asyncrl:{run}:...). The launcher fills it in with the run's name."""
     sessions: str = "gateway"
-    """Where episodes get their LLM endpoint: `gateway` (a TITO gateway session per episode, trajectories
-    recorded) or `endpoint` (every episode uses `llm_url` directly, nothing recorded: evaluation, benchmarks)."""
+    """Plugin (asyncrl/plugins.py), where episodes get their LLM endpoint: `gateway` (a TITO gateway session
+    per episode, trajectories recorded), `endpoint` (every episode uses `llm_url` directly, nothing recorded:
+    evaluation, benchmarks), or the import path of a SessionProvider."""
     gateway_url: Optional[str] = None
+    """TITO gateway base URL for `sessions: gateway`; the launcher fills it in."""
     gateway_token: Optional[str] = None
+    """Bearer token sent to the gateway (its auth_token); None: none sent."""
     env_token: Optional[str] = field(default=None, repr=False)
     """Sent to env services as `Authorization: Bearer <token>`. Set by the launcher from envs.auth_token."""
     llm_url: Optional[str] = None
@@ -231,12 +253,15 @@ class OrchestratorConfig:
     """Dispatches of one episode that may fail (HTTP error, timeout, missed heartbeats, env status failed)
     before it is given up; refusals (429/503) and orchestrator restarts do not count."""
     heartbeat_interval_s: float = 5.0
+    """Seconds between the heartbeats env services are told (at registration) to send."""
     heartbeat_timeout_s: float = 15.0
     """No heartbeat (or successful /health probe) for this long: the service is unhealthy."""
     episode_timeout_s: float = 600.0
     """Sent to envs as deadline_s; the orchestrator gives up on the request `request_grace_s` later."""
     request_grace_s: float = 30.0
+    """Seconds past an episode's deadline_s the orchestrator still waits for the env's answer."""
     max_turns: int = 20
+    """Model calls an episode may make (EpisodeContext.max_turns), unless max_turns_by_env says otherwise."""
     max_turns_by_env: dict[str, int] = field(default_factory=dict)
     """max_turns of one env's episodes, by env name or domain (the name's entry first); missing = max_turns.
     The launcher fills it from envs.services.<name>.max_turns."""
@@ -275,17 +300,21 @@ class EnvServiceConfig:
     name: Optional[str] = None
     """The env's name at the orchestrator (its replicas share it); None = its key in envs.services."""
     target: str = MISSING
-    """The env class served by the SDK app: a dotted path (envs.tasks.ArithmeticEnv, my_pkg.MyEnv: importable
+    """The env class served by the SDK app: an import path (envs.tasks.ArithmeticEnv, my_pkg:MyEnv: importable
     from the run's working directory or $PYTHONPATH) or path/to/file.py:Class (relative to that directory)."""
     domain: Optional[str] = None
     """None = the env class's `domain`, else the name (the service fills it in when it registers)."""
     num_replicas: int = 1
+    """Env service processes started for this env (they share its name)."""
     capacity: int = 64
+    """Episodes one replica runs at once; one more gets 429."""
     weight: float = 1.0
+    """Dispatch weight sent with the registration (a relative share of episodes)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Constructor keyword arguments of the env class (`--option k=v`)."""
     sandbox: str = "namespace"
-    """`namespace` (isolated; refused where the machine lacks namespaces) or `local_unsafe`."""
+    """Plugin (asyncrl/plugins.py): `namespace` (isolated; refused where the machine lacks namespaces),
+    `local_unsafe`, or the import path of a SandboxBackend."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
     """SandboxConfig fields (envs/sdk/sandbox.py: memory_mb, ro_paths, ...), passed as `--sandbox-option k=v`."""
     max_turns: Optional[int] = None
@@ -340,10 +369,14 @@ def _env_service(key: str, value: Any) -> EnvServiceConfig:
 @dataclass
 class LossConfig:
     type: str = "direct_double_sided_is"
-    """`direct_double_sided_is` (GLM-5 eq. 3-5) or `icepop_ppo`."""
+    """Plugin (asyncrl/plugins.py): `direct_double_sided_is` (GLM-5 eq. 3-5), `icepop_ppo`, or the import
+    path of a PolicyLoss."""
     eps_low: float = 0.2
+    """Lower ratio bound 1 - eps_low: tokens below it are masked (direct_double_sided_is) or clipped (icepop_ppo)."""
     eps_high: float = 0.28
+    """Upper ratio bound 1 + eps_high: tokens above it are masked (direct_double_sided_is) or clipped (icepop_ppo)."""
     icepop_beta: float = 2.0
+    """icepop_ppo only: tokens whose pi_train_old / pi_rollout ratio lies outside [1/beta, beta] are masked."""
     aggregation: str = "token"
     """`token`: mean over all loss tokens of the batch; `sequence`: mean of per-sequence means."""
 
@@ -351,8 +384,10 @@ class LossConfig:
 @dataclass
 class WeightPushConfig:
     method: str = "disk"
-    """`disk` (atomic safetensors + update_weights_from_disk), `tensor`, or `distributed` (broadcast)."""
+    """Plugin (asyncrl/plugins.py): `disk` (atomic safetensors + update_weights_from_disk), `tensor`,
+    `distributed` (broadcast), or the import path of a WeightPusher."""
     every_k_steps: int = 1
+    """Optimizer steps between weight pushes to the engines."""
     reset_optimizer: bool = True
     """Reset the optimizer state after each push (the GLM-5 paper's default)."""
     pause_mode: str = "in_place"
@@ -396,11 +431,16 @@ class MegatronConfig:
 @dataclass
 class TrainerConfig:
     backend: str = "torch"
-    """`torch` (CPU default, DDP over gloo) or `megatron` (megatron-core)."""
+    """Plugin (asyncrl/plugins.py): `torch` (CPU default, DDP over gloo), `megatron` (megatron-core), or the
+    import path of a TrainerBackend."""
     lr: float = 1e-5
+    """AdamW learning rate."""
     weight_decay: float = 0.0
+    """AdamW (decoupled) weight decay; 0: none."""
     grad_clip: float = 1.0
+    """Global gradient L2-norm clip per optimizer step; 0: no clipping."""
     groups_per_step: int = 4
+    """GRPO groups (of orchestrator.group_size episodes each) per optimizer step."""
     micro_batch_tokens: int = 4096
     """Token budget of one packed micro-batch."""
     advantage: str = "group_mean"
@@ -435,7 +475,9 @@ class TrainerConfig:
     metrics_port: Optional[int] = 0
     """0: a free port; None: no endpoint."""
     loss: LossConfig = field(default_factory=LossConfig)
+    """The policy loss (LossConfig)."""
     weight_push: WeightPushConfig = field(default_factory=WeightPushConfig)
+    """How and how often the trained weights reach the engines (WeightPushConfig)."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Only read by the megatron backend."""
 
@@ -445,11 +487,15 @@ class WarmupConfig:
     """Supervised warm-up before RL (0 steps: none). Produces <run_dir>/warmup, reused by later runs."""
 
     steps: int = 0
+    """Supervised optimizer steps before RL; 0: no warm-up."""
     env: str = "envs.tasks.ArithmeticEnv"
-    """Dotted path of an env class offering demonstrations(count, seed)."""
+    """Import path (asyncrl/plugins.py) of an env class offering demonstrations(count, seed)."""
     env_options: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments of the warm-up env class."""
     batch_size: int = 32
+    """Demonstrations per warm-up optimizer step."""
     lr: float = 3e-3
+    """AdamW learning rate of the warm-up."""
     thinking: bool = False
     """Chat-template mode; must match the gateway's."""
 
@@ -460,29 +506,40 @@ class RayConfig:
     """Ray cluster to join ("auto": the one `ray start` runs here; "host:port"); None joins the cluster of
     `ray job submit`, else starts a fresh local one (never a stale cluster left on the machine)."""
     num_cpus: Optional[int] = None
+    """CPUs of a freshly started local Ray cluster; None: the machine's CPU count."""
 
 
 @dataclass
 class ComponentsConfig:
-    """Dotted paths the launcher starts; replace one to plug in another implementation."""
+    """What the launcher starts; replace one to plug in another implementation. Classes and functions are
+    import paths (asyncrl/plugins.py: `package.module:Name` or `package.module.Name`); services are modules."""
 
     engine_group: str = "rollout.actor.EngineGroup"
+    """Import path of the engine group class (starts and supervises the engines)."""
     gateway: str = "gateway.server"
+    """Module run as the gateway service (`python -m MODULE ... --port 0 --url-file F`)."""
     orchestrator: str = "orchestrator.server"
+    """Module run as the orchestrator service (`python -m MODULE ... --port 0 --url-file F`)."""
     env_service: str = "envs.serve"
+    """Module run as each env service (`python -m MODULE --env TARGET ... --port 0 --url-file F`)."""
     trainer: str = "trainer.actor.Trainer"
+    """Import path of the trainer actor class."""
     warmup: str = "trainer.sft.warmup"
+    """Import path of the warm-up function (model, WarmupConfig, out_dir, seed)."""
 
 
 @dataclass
 class ResourcesConfig:
     num_cpus: float = 1.0
+    """Ray CPUs reserved for the trainer actor."""
     num_gpus: float = 0.0
+    """Ray GPUs reserved for the trainer actor."""
 
 
 @dataclass
 class RunConfig:
     name: str = "asyncrl"
+    """Run name: the prefix of its Redis keys and Ray actor names, and of the default run_dir."""
     run_dir: Optional[str] = None
     """Where the run writes (Redis AOF, checkpoints, final weights, TensorBoard, logs, summary.json);
     None = runs/<name>. Relative to the working directory, except under `ray job submit` (whose working
@@ -492,24 +549,37 @@ class RunConfig:
     false: the old files are moved to <run_dir>.<timestamp> (and the run's keys in an external Redis
     deleted), and the run starts afresh."""
     seed: int = 0
+    """Seed of the model's random init, the warm-up, the trainer and the orchestrator's task order."""
     mode: str = "async"
     """`async`: rollout never waits for training. `sync`: generate a batch, train, push (baseline)."""
     total_steps: int = 100
+    """Optimizer steps the run trains before it ends."""
     redis: RedisConfig = field(default_factory=RedisConfig)
+    """The run's Redis (RedisConfig)."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """The Ray cluster the run uses (RayConfig)."""
     model: ModelSection = field(default_factory=ModelSection)
+    """The model every component loads (ModelSection)."""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    """Supervised warm-up before RL (WarmupConfig)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The engines (RolloutConfig)."""
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    """The TITO gateway (GatewayConfig)."""
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    """The orchestrator (OrchestratorConfig)."""
     envs: EnvsConfig = field(default_factory=EnvsConfig)
+    """The run's env services (EnvsConfig)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer (TrainerConfig)."""
     trainer_resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """Ray resources reserved for the trainer actor (ResourcesConfig)."""
     trainer_restarts: int = 3
     """How often a dead trainer process is restarted (it resumes from its last checkpoint)."""
     trainer_restart_timeout_s: float = 300.0
     """How long Ray may take to bring a dead trainer back before the run fails."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
+    """Which implementation the launcher starts for each component (ComponentsConfig)."""
 
 
 Section = TypeVar("Section")

@@ -17,7 +17,8 @@ import httpx
 import orjson
 import torch
 
-from asyncrl.protocols.engine import GenerateResponse, LoadsResponse, StreamAccumulator, WeightsUpdateResponse
+from asyncrl.engine_response import StreamAccumulator
+from asyncrl.protocols.engine import GenerateResponse, LoadsResponse, WeightsUpdateResponse
 from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, encode_named_tensors
 
 log = logging.getLogger("asyncrl.engine_client")

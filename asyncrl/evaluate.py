@@ -280,23 +280,43 @@ def model_dir(path: str) -> str:
 def run_eval(cfg: RunConfig, spec: EvalSpec, signals: Any = None) -> tuple[dict[str, Any], Path]:
     """Start engines, gateway and env service(s) as the launcher does, play the split, write the JSON.
     `signals`: the launcher's StopSignals (installed again after ray.init, as the launcher does)."""
-    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray, resolve_run_dir
-
     if not cfg.model.path:
         raise EvalError("no model: pass --model PATH or model.path=PATH (an HF checkpoint directory, e.g. "
                         f"{cfg.run_dir}/final or {cfg.run_dir}/warmup)")
     model = model_dir(cfg.model.path)
+    ecfg = _eval_config(cfg, spec, model)
+    eval_dir = Path(ecfg.run_dir)
+    _log_to(eval_dir / "eval.log")
+    out = (spec.out or eval_dir / "result.json").resolve()
+    started = time.monotonic()
+    played = _play_on_services(ecfg, spec, model, signals)
+    result = _result(cfg, ecfg, spec, model, played, time.monotonic() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    return result, out
+
+
+def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
+    """The evaluation's own run: its name prefixes Redis keys, Ray actor names and the engines registry
+    the gateway follows, so nothing here touches a training run, even on a shared Redis or Ray cluster.
+    redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in its
+    directory (run_dir: <run_dir>/eval/<stamp>-<env>, created here)."""
+    from asyncrl.launcher import resolve_run_dir
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     eval_dir = resolve_run_dir(cfg.run_dir) / "eval" / f"{stamp}-{spec.env.name}"
     eval_dir.mkdir(parents=True, exist_ok=True)
-    _log_to(eval_dir / "eval.log")
-    # Its own name: Redis keys, Ray actor names and the engines registry the gateway follows are all
-    # prefixed by it, so nothing here touches a training run, even on a shared Redis or Ray cluster.
-    # redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in eval_dir.
-    ecfg = replace(cfg, name=f"{cfg.name}-eval-{stamp}", run_dir=str(eval_dir), model=replace(cfg.model, path=model),
+    return replace(cfg, name=f"{cfg.name}-eval-{stamp}", run_dir=str(eval_dir), model=replace(cfg.model, path=model),
                    envs=replace(cfg.envs, services={spec.env.name: spec.env}), redis=replace(cfg.redis, data_dir=None))
-    out = (spec.out or eval_dir / "result.json").resolve()
-    started = time.monotonic()
+
+
+def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> tuple:
+    """Redis, Ray, engines, gateway and env service(s) up, the split played (_play's answer), all down."""
+    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray
+
+    eval_dir = Path(ecfg.run_dir)
     with ExitStack() as stack:
         job: Optional[Job] = None
         interrupted = True
@@ -328,25 +348,25 @@ def run_eval(cfg: RunConfig, spec: EvalSpec, signals: Any = None) -> tuple[dict[
                 signals.ignore()
             if job is not None:
                 job.shutdown(interrupted)
+    return played
+
+
+def _result(cfg: RunConfig, ecfg: RunConfig, spec: EvalSpec, model: str, played: tuple, wall_s: float
+            ) -> dict[str, Any]:
+    """The result JSON of a played split (`cfg`: the run's config as given, `ecfg`: the evaluation's)."""
     rewards, failed, reasons, n_available, (max_turns, deadline_s) = played
-    wall_s = time.monotonic() - started
     summary = summarize(rewards, spec.ks, spec.pass_threshold, failed)
-    result = {
+    return {
         "model": model, "env": spec.env.name, "env_target": spec.env.target, "split": spec.split,
         "n_tasks": len(rewards), "n_tasks_available": n_available, "samples_per_task": spec.samples, "k": spec.ks,
         "mean_reward": summary["mean_reward"], "pass_at_k": summary["pass_at_k"],
         "pass_at_k_tasks": summary["pass_at_k_tasks"], "pass_threshold": spec.pass_threshold,
         "episodes": summary["episodes"], "failed_episodes": summary["failed_episodes"], "reasons": reasons,
         "sampling": asdict(cfg.rollout.sampling), "max_turns": max_turns, "episode_timeout_s": deadline_s,
-        "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name, "eval_dir": str(eval_dir),
+        "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name, "eval_dir": ecfg.run_dir,
         "wall_s": round(wall_s, 1), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tasks": summary["tasks"],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
-    return result, out
 
 
 def _log_to(path: Path) -> None:

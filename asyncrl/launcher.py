@@ -5,7 +5,7 @@ services and the trainer, wired by URL, until `total_steps`; then a clean shutdo
       -> trainer actor (built while the rest starts) -> engines (Ray actors) -> gateway -> orchestrator
       -> env services -> trainer.run(total_steps)
 
-Components are named by dotted path in `cfg.components` and imported only here, at run time (asyncrl
+Components are named by import path in `cfg.components` and imported only here, at run time (asyncrl
 never imports a component statically). Services run as supervised processes inside Ray actors
 (asyncrl.supervisor), so a crashed service is restarted and a killed actor is recreated by Ray.
 Each service gets its resolved config section as `--config <run_dir>/config/<name>.json` (secrets by
@@ -16,7 +16,6 @@ component that failed.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from redis.exceptions import RedisError
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
                             TrainerConfig, write_section)
+from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector
@@ -45,12 +45,6 @@ class ComponentFailed(RuntimeError):
     def __init__(self, component: str, reason: str) -> None:
         super().__init__(f"{component} failed: {reason}")
         self.component = component
-
-
-def load(path: str) -> Any:
-    """`package.module.Name` -> the object (the launcher's only way to reach a component)."""
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 class StopSignals:
@@ -274,7 +268,7 @@ class Job:
             out = self.run_dir / "warmup"
             if not (out / "config.json").exists():
                 log.info("supervised warm-up: %d steps on %s", cfg.warmup.steps, cfg.warmup.env)
-                load(cfg.components.warmup)(cfg.model, cfg.warmup, str(out), cfg.seed)
+                load_object(cfg.components.warmup)(cfg.model, cfg.warmup, str(out), cfg.seed)
             return str(out)
         if cfg.model.path:
             return cfg.model.path
@@ -288,7 +282,7 @@ class Job:
 
     def _start_engines(self, model_path: str) -> None:
         tokenizer = None if self.cfg.model.tokenizer.startswith("builtin:") else self.cfg.model.tokenizer
-        self.engines = load(self.cfg.components.engine_group)(
+        self.engines = load_object(self.cfg.components.engine_group)(
             self.cfg.rollout, model_path, self.redis_url, self.cfg.name, str(self.run_dir / "engines"),
             self.cfg.seed, tokenizer)
         self.engines.urls()
@@ -336,7 +330,7 @@ class Job:
         cfg = self.cfg
         trainer_cfg = trainer_config(cfg)
         model = replace(cfg.model, path=model_path)
-        actor = ray.remote(load(cfg.components.trainer)).options(
+        actor = ray.remote(load_object(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
             num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,9 +29,12 @@ from asyncrl.config import LossConfig  # noqa: E402
 from asyncrl.model.batch import ForwardBatch  # noqa: E402
 from asyncrl.model.kv_cache import KVCache  # noqa: E402
 from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
+from asyncrl.model.near_ties import recorded_selection_margins  # noqa: E402
 from bench.model_bench import tiny_config  # noqa: E402
 
 TOLERANCE = 1e-5
+NEAR_TIE_MARGIN = 3e-5
+"""A query whose k-th and (k+1)-th index scores differ by less than this, relatively, is at a near tie."""
 
 
 @torch.no_grad()
@@ -70,6 +74,26 @@ def teacher_forced(model: Glm5ForCausalLM, tokens: torch.Tensor, prompt_len: int
     return out.logprobs.view(num_seqs, width)[:, prompt_len - 1:-1]
 
 
+@torch.no_grad()
+def query_margins(model: Glm5ForCausalLM, sequence: torch.Tensor) -> torch.Tensor:
+    """Each query's smallest selection margin over the indexer layers in the teacher-forced forward. -> [T]"""
+    with recorded_selection_margins(model) as margins:
+        model.token_logprobs(sequence, torch.tensor([0, len(sequence)]), sequence.roll(-1), with_entropy=False)
+    return torch.stack(margins).flatten(1).amin(0)
+
+
+def onset_margins(model: Glm5ForCausalLM, tokens: torch.Tensor, first: list) -> dict:
+    """Is each divergence a near tie? The margin of the query that predicts a sequence's first divergent
+    token, beside how often any query sits that close (what a divergence with no tie would meet by chance)."""
+    onsets, near = [], []
+    for row, position in zip(tokens, first):
+        if position is not None:
+            margins = query_margins(model, row)
+            onsets.append(float(margins[position - 1]))
+            near.append(float((margins < NEAR_TIE_MARGIN).float().mean()))
+    return {"onset_margins": onsets, "queries_below_near_tie_margin": sum(near) / len(near) if near else None}
+
+
 def summarise(diff: torch.Tensor, prompt_len: int, buckets: list[int], eps_low: float, eps_high: float) -> dict:
     """diff [B, new]: trainer minus rollout log-prob per sampled token."""
     positions = torch.arange(diff.shape[1]) + prompt_len  # context position of each sampled token
@@ -97,6 +121,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
     torch.set_num_threads(1)
     config = tiny_config()
     model = Glm5ForCausalLM.from_config(config, seed=args.seed).eval()
@@ -105,12 +130,13 @@ def main() -> None:
     diff = teacher_forced(model, tokens, args.prompt) - rollout
     buckets = [b for b in (config.index_topk + 1, 256, 512, 1024, 1536, 2048, 4096) if b < args.length] + [args.length]
     trainer = LossConfig()
-    result = {"command": "python bench/logprob_mismatch.py " + " ".join(sys.argv[1:]),
+    result = {"command": "python bench/logprob_mismatch.py " + " ".join(sys.argv[1:]), "load_at_start": load_at_start,
               "model": "configs/model/tiny.yaml, seed %d (index_topk %d, %d index heads)" % (
                   args.seed, config.index_topk, config.index_n_heads),
               "seqs": args.seqs, "length": args.length, "prompt": args.prompt, "tolerance": TOLERANCE,
               "eps_low": trainer.eps_low, "eps_high": trainer.eps_high,
               **summarise(diff, args.prompt, buckets, trainer.eps_low, trainer.eps_high)}
+    result |= {"near_tie_margin": NEAR_TIE_MARGIN, **onset_margins(model, tokens, result["first_divergent_position"])}
     print(json.dumps(result, indent=1))
     if not args.no_write:
         out = ROOT / "bench" / "results"
@@ -120,7 +146,7 @@ def main() -> None:
 
 def markdown(r: dict) -> str:
     lines = ["# Rollout (cached decode) vs trainer (teacher-forced) log-probs of the same tokens", "",
-             f"Command: `{r['command']}`  ", f"Model: {r['model']}; {r['seqs']} sequences of {r['length']} tokens "
+             f"Command: `{r['command']}` (1-minute load at start {r['load_at_start']:.2f})  ", f"Model: {r['model']}; {r['seqs']} sequences of {r['length']} tokens "
              f"(prompt {r['prompt']}), temperature 1, fp32, 1 thread.  ",
              f"A token counts as divergent when |trainer - rollout| > {r['tolerance']:g}; IS-masked: ratio outside "
              f"(1 - {r['eps_low']}, 1 + {r['eps_high']}).", "",
@@ -132,7 +158,14 @@ def markdown(r: dict) -> str:
     first = [p for p in r["first_divergent_position"] if p is not None]
     lines += ["", f"First divergent position per sequence: {r['first_divergent_position']} "
               f"({len(first)} of {r['seqs']} sequences diverge; earliest {min(first) if first else '-'}).  ",
-              f"Mismatch KL (k3, as the trainer's `mismatch_kl` metric): {r['mismatch_kl']:.2e}.", ""]
+              f"Mismatch KL (k3, as the trainer's `mismatch_kl` metric): {r['mismatch_kl']:.2e}.  "]
+    if first:
+        onsets = r["onset_margins"]
+        below = sum(m < r["near_tie_margin"] for m in onsets)
+        lines += [f"Selection margin of the query before each first divergence (teacher-forced): "
+                  f"{', '.join(f'{m:.1e}' for m in onsets)}; {below} of {len(onsets)} below {r['near_tie_margin']:g}, "
+                  f"where {r['queries_below_near_tie_margin']:.2%} of all queries of those sequences are."]
+    lines.append("")
     return "\n".join(lines)
 
 

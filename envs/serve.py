@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import importlib.util
 import json
 import logging
@@ -28,6 +27,7 @@ import sys
 from pathlib import Path
 
 from asyncrl.config import EnvServiceConfig, load_section
+from asyncrl.plugins import PluginNotFound, load_object, split_path
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.sdk.registration import DEFAULT_GONE_AFTER_S
 
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="exit (status 3) when no registration or heartbeat has been accepted for this long "
                         "(default %(default)g; 0: wait for the orchestrator forever)")
     p.add_argument("--drain-grace-s", type=float, default=30.0, help="on SIGTERM, time running episodes get")
-    p.add_argument("--sandbox-type", dest="sandbox", **section, help="namespace | local_unsafe | module:Class")
+    p.add_argument("--sandbox-type", dest="sandbox", **section, help="namespace | local_unsafe | the import path of a SandboxBackend (package.module:Class)")
     p.add_argument("--sandbox-option", dest="sandbox_options", action="append", **section, metavar="KEY=VALUE",
                    help="a SandboxConfig field, e.g. memory_mb=1024 (see envs/sdk/sandbox.py)")
     p.add_argument("--unsafe-local-sandbox", dest="sandbox", action="store_const", const="local_unsafe",
@@ -114,27 +114,33 @@ def load_env_class(target: str, env_paths: list[str] = ()) -> type:
     source, sep, cls_name = target.rpartition(":")
     if sep and source.endswith(".py"):
         module = _load_file(Path(source), target)
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            raise SystemExit(f"--env {target!r}: {module.__name__} ({module.__file__}) has no {cls_name!r}")
     else:
-        source, _, cls_name = target.replace(":", ".").rpartition(".")
-        if not source:
-            raise SystemExit(f"--env {target!r}: expected package.module.Class or path/to/file.py:Class")
         try:
-            module = importlib.import_module(source)
-        except ModuleNotFoundError as err:
-            if err.name is None or not (source == err.name or source.startswith(err.name + ".")):
-                raise  # the env's module was found; something it imports is missing
-            searched = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *env_paths]
-            raise SystemExit(
-                f"--env {target!r}: no module named {err.name!r} on the import path. The module must be "
-                f"importable from the current directory ({os.getcwd()}), $PYTHONPATH or --env-path DIR, "
-                f"or name the file: --env path/to/file.py:{cls_name}. Searched first: "
-                f"{', '.join(dict.fromkeys(filter(None, searched)))}") from None
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise SystemExit(f"--env {target!r}: {module.__name__} ({module.__file__}) has no {cls_name!r}")
+            _, cls_name = split_path(target)
+        except ValueError:
+            raise SystemExit(f"--env {target!r}: expected package.module.Class or path/to/file.py:Class") from None
+        cls = _import_env_class(target, cls_name, env_paths)
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise SystemExit(f"--env {target!r}: {cls_name} is not a subclass of envs.sdk.Environment")
     return cls
+
+
+def _import_env_class(target: str, cls_name: str, env_paths: list[str]) -> object:
+    """The object import path `target` names; SystemExit saying where its module was looked for."""
+    try:
+        return load_object(target)
+    except PluginNotFound as err:
+        if err.missing_module is None:
+            raise SystemExit(f"--env {target!r}: {err}") from None
+        searched = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *env_paths]
+        raise SystemExit(
+            f"--env {target!r}: no module named {err.missing_module!r} on the import path. The module must be "
+            f"importable from the current directory ({os.getcwd()}), $PYTHONPATH or --env-path DIR, "
+            f"or name the file: --env path/to/file.py:{cls_name}. Searched first: "
+            f"{', '.join(dict.fromkeys(filter(None, searched)))}") from None
 
 
 def _load_file(path: Path, target: str):

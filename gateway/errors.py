@@ -1,7 +1,10 @@
-"""Error replies: OpenAI's shape under the OpenAI routes, asyncrl's elsewhere, always naming what is wrong.
+"""The gateway's errors and their replies: OpenAI's shape under the OpenAI routes, asyncrl's elsewhere,
+always naming what is wrong.
 
 OpenAI clients read `{"error": {"message", "type", "code"}}` (the `openai` package puts the
 message into the exception it raises); every other asyncrl route answers `{"error": "<message>"}`.
+The exceptions that carry an HTTP status are defined here, not beside the code that raises them, so this
+module imports nothing of the gateway and every module may raise them without climbing a floor.
 """
 
 from __future__ import annotations
@@ -14,10 +17,32 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from asyncrl.service import validation_message
-from gateway.generation import EngineCredentialError, NoEngineError
-from gateway.session import SessionClosedError
-from gateway.sessions import StoreUnavailableError, UnknownSessionError
-from gateway.turns import ClientGoneError
+
+
+class UnknownSessionError(LookupError):
+    """404: no such session (never created, or finished long ago)."""
+
+
+class SessionClosedError(RuntimeError):
+    """409: the session is finished or aborted; no more turns."""
+
+
+class NoEngineError(RuntimeError):
+    """503: no healthy engine is left to run the turn."""
+
+
+class EngineCredentialError(RuntimeError):
+    """502: the engine refused the gateway's own credential (401/403): a misconfigured --engine-api-key, not
+    the client's fault, so not a 400."""
+
+
+class StoreUnavailableError(RuntimeError):
+    """503: the trajectory cannot be written (no Redis configured, or Redis failed); retry finish."""
+
+
+class ClientGoneError(Exception):
+    """499: the client disconnected before its turn finished."""
+
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                409: "conflict_error", 413: "request_too_large", 499: "client_closed_request",

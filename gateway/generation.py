@@ -24,10 +24,12 @@ import httpx
 import numpy as np
 
 from asyncrl.engine_client import EngineError
-from asyncrl.protocols.engine import GenerateResponse, MetaInfo, routed_experts
+from asyncrl.engine_response import routed_experts
+from asyncrl.protocols.engine import GenerateResponse, MetaInfo
 from gateway.engines import EnginePool, EngineState
+from gateway.errors import EngineCredentialError, NoEngineError
 from gateway.metrics import GatewayMetrics
-from gateway.session import EngineCall, Session, Turn
+from gateway.session_ledger import EngineCall, Session, Turn
 
 log = logging.getLogger("gateway.generation")
 
@@ -35,17 +37,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 """SGLang's default, used when neither the request nor the session gives one."""
 
 
-class NoEngineError(RuntimeError):
-    """No healthy engine is left to run the turn (503)."""
-
-
 class EngineRequestError(ValueError):
     """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
-
-
-class EngineCredentialError(RuntimeError):
-    """The engine refused the gateway's own credential (401/403): a misconfigured --engine-api-key, not
-    the client's fault, so a 502 rather than a 400."""
 
 
 def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> EngineCall:
@@ -78,6 +71,14 @@ def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray
         return routed_experts(meta, rows)
     except ValueError as err:
         raise EngineRequestError(f"engine {engine}: {err}") from None
+
+
+def _call_params(sampling: dict[str, Any], budget: int, turn: Turn) -> dict[str, Any]:
+    """The next engine call's sampling: the budget left, and a stop where the turn's forced tokens go."""
+    params = {**sampling, "max_new_tokens": budget - len(turn.generated_ids)}
+    if turn.forced_pending:
+        params["stop_token_ids"] = [*params.get("stop_token_ids", []), turn.forced_after]
+    return params
 
 
 def _version(value: str) -> int:
@@ -129,9 +130,7 @@ class TurnRunner:
                 if await self._wait_for_engine(outage, failed):
                     failed = frozenset()  # an engine is healthy again (or new): try them all
                 continue
-            params = {**sampling, "max_new_tokens": budget - len(turn.generated_ids)}
-            if turn.forced_pending:  # the call stops where the forced tokens go
-                params["stop_token_ids"] = [*params.get("stop_token_ids", []), turn.forced_after]
+            params = _call_params(sampling, budget, turn)
             rid = secrets.token_hex(12)  # not derived from the session id: that is a secret
             call = None
             try:
@@ -140,17 +139,8 @@ class TurnRunner:
                         if done or stream:
                             yield turn.output_ids + call.output_ids
             except (httpx.TransportError, EngineError) as err:
-                if isinstance(err, EngineError) and err.status in (401, 403):
-                    raise EngineCredentialError(f"engine {engine.url} refused the gateway's API key (HTTP {err.status}):"
-                                                " check rollout.api_key (the gateway's --engine-api-key)") from None
-                if isinstance(err, EngineError) and err.status < 500:
-                    raise EngineRequestError(f"engine {engine.url}: {err.message}") from None
-                self.pool.mark_failed(engine, f"{type(err).__name__}: {err}")
-                self.metrics.engine_errors.labels(engine.url).inc()
+                self._call_failed(engine, turn, call, err)
                 failed |= {engine.url}
-                if call is not None and call.output_ids:  # a stream cut mid-way: keep what arrived
-                    turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort",
-                                                 top_logprobs=call.top_logprobs))
                 continue
             if call.output_ids or call.finish_reason != "abort":
                 turn.calls.append(call)
@@ -168,6 +158,21 @@ class TurnRunner:
             if interruptions > self.max_interruptions:
                 raise NoEngineError(f"session {session.id}: engine calls aborted {interruptions} times in a row")
             await asyncio.sleep(self.interruption_backoff_s)
+
+    def _call_failed(self, engine: EngineState, turn: Turn, call: Optional[EngineCall],
+                     err: httpx.TransportError | EngineError) -> None:
+        """After a failed engine call: the engine's refusal of the request or of the gateway's credential
+        ends the turn (raised); else the engine is marked failed and what a cut stream brought is kept."""
+        if isinstance(err, EngineError) and err.status in (401, 403):
+            raise EngineCredentialError(f"engine {engine.url} refused the gateway's API key (HTTP {err.status}):"
+                                        " check rollout.api_key (the gateway's --engine-api-key)") from None
+        if isinstance(err, EngineError) and err.status < 500:
+            raise EngineRequestError(f"engine {engine.url}: {err.message}") from None
+        self.pool.mark_failed(engine, f"{type(err).__name__}: {err}")
+        self.metrics.engine_errors.labels(engine.url).inc()
+        if call is not None and call.output_ids:  # a stream cut mid-way: keep what arrived
+            turn.calls.append(EngineCall(engine.url, call.output_ids, call.logprobs, call.versions, "abort",
+                                         top_logprobs=call.top_logprobs))
 
     async def _wait_for_engine(self, outage: float, failed: frozenset[str]) -> bool:
         """Wait for a healthy engine, a second at most (the loop then sees a session closed meanwhile); True once

@@ -7,7 +7,7 @@ import time
 from asyncrl.protocols.gateway import FinishSessionRequest
 from asyncrl.store import Store
 from asyncrl.types import Sample
-from gateway.session import Session
+from gateway.session_ledger import Session
 
 
 def session_samples(session: Session, finish: FinishSessionRequest) -> list[Sample]:

@@ -26,10 +26,11 @@ import redis.exceptions
 from asyncrl.config import GatewayConfig
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest, FinishSessionResponse
 from asyncrl.store import Store
+from gateway.errors import StoreUnavailableError, UnknownSessionError
 from gateway.generation import TurnRunner
 from gateway.metrics import GatewayMetrics
 from gateway.recorder import record_session
-from gateway.session import Session
+from gateway.session_ledger import Session
 
 log = logging.getLogger("gateway.sessions")
 
@@ -38,14 +39,6 @@ SESSION_ROUTES = re.compile(r"/sessions/([^/]+)/(?:v1/.*|generate)")
 """The routes a session credential opens: its OpenAI base_url's and the token-native turn."""
 HEADER_ROUTE = "/v1/chat/completions"
 """Chat addressed by the X-Session-Id header: opened by that session's credential too."""
-
-
-class UnknownSessionError(LookupError):
-    """404: no such session (never created, or finished long ago)."""
-
-
-class StoreUnavailableError(RuntimeError):
-    """503: the trajectory cannot be written (no Redis configured, or Redis failed); retry finish."""
 
 
 class SessionRegistry:

@@ -17,22 +17,19 @@ import orjson
 from starlette.requests import Request
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.protocols.engine import version_spans
 from asyncrl.protocols.gateway import ChatCompletionRequest, SessionGenerateRequest
 from asyncrl.tokenizer import Tokenizer
-from gateway.generation import NoEngineError, TurnRunner
+from asyncrl.version_spans import version_spans
+from gateway.errors import ClientGoneError, NoEngineError, SessionClosedError
+from gateway.generation import TurnRunner
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import (ChatReply, ToolPlan, chat_chunk, chat_completion, chat_sampling, finish_reason,
                                 token_logprobs, tool_plan, turn_sampling, usage)
 from gateway.sampling import check_sampling
-from gateway.session import Session, SessionClosedError, Turn
+from gateway.session_ledger import Session, Turn
 
 OFFLOAD_CHARS = 64 * 1024
 """Chat messages longer than this (characters) are rendered and tokenized in a thread."""
-
-
-class ClientGoneError(Exception):
-    """The client disconnected before its turn finished."""
 
 
 class Turns:

@@ -24,6 +24,7 @@ import aiohttp
 
 from asyncrl.auth import bearer_headers
 from asyncrl.config import OrchestratorConfig
+from asyncrl.plugins import load_plugin
 from asyncrl.protocols.env_service import LLMEndpoint
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest
 from asyncrl.sampling import endpoint_sampling, session_sampling  # noqa: F401 - also asyncrl eval's (one path)
@@ -133,11 +134,11 @@ class GatewayError(RuntimeError):
     """A 4xx from the gateway: a bug or a misconfiguration (wrong token), not a transient failure."""
 
 
-SESSION_PROVIDERS: dict[str, type[SessionProvider]] = {"gateway": GatewaySessions, "endpoint": EndpointSessions}
+SESSION_PROVIDERS: dict[str, str] = {"gateway": "orchestrator.sessions:GatewaySessions",
+                                     "endpoint": "orchestrator.sessions:EndpointSessions"}
+"""`orchestrator.sessions` built-ins -> import path of their SessionProvider (asyncrl/plugins.py)."""
 
 
 def make_sessions(cfg: OrchestratorConfig, http: aiohttp.ClientSession) -> SessionProvider:
-    try:
-        return SESSION_PROVIDERS[cfg.sessions](cfg, http)
-    except KeyError:
-        raise ValueError(f"sessions={cfg.sessions!r}: expected one of {sorted(SESSION_PROVIDERS)}") from None
+    """The provider `cfg.sessions` names (a built-in or the import path of a SessionProvider)."""
+    return load_plugin(SESSION_PROVIDERS, cfg.sessions, "orchestrator.sessions")(cfg, http)

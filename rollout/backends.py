@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from asyncrl.config import ENGINE_API_KEY_ENV, RolloutConfig
+from asyncrl.plugins import load_plugin
 from asyncrl.process import spawn
 
 
@@ -110,11 +111,11 @@ class SGLangBackend(EngineBackend):
         return {"SGLANG_DSA_FUSE_TOPK": "0"}  # the torch top-k path needs the unfused kernel
 
 
-BACKENDS: dict[str, type[EngineBackend]] = {"cpu": CpuBackend, "sglang": SGLangBackend}
+BACKENDS: dict[str, str] = {"cpu": "rollout.backends:CpuBackend", "sglang": "rollout.backends:SGLangBackend"}
+"""`rollout.backend` built-ins -> import path of their EngineBackend (asyncrl/plugins.py)."""
 
 
 def make_backend(cfg: RolloutConfig) -> EngineBackend:
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"rollout.backend {cfg.backend!r} is not one of {sorted(BACKENDS)}")
-    return BACKENDS[cfg.backend](cfg)
+    """The backend `cfg.backend` names (a built-in or the import path of an EngineBackend)."""
+    return load_plugin(BACKENDS, cfg.backend, "rollout.backend")(cfg)
 

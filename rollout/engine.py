@@ -1,8 +1,9 @@
 """The built-in CPU engine: model + KV pool + scheduler, driven by one engine thread.
 
-The HTTP layer (server.py) never touches model state. It submits requests and control commands;
-the engine thread runs them between forward steps, so a weight update, an abort or a pause always
-lands on a step boundary and every generated token knows the weight version that produced it.
+The HTTP layer (server.py and the parts it calls: generation.py, control.py, weight_updates.py) never
+touches model state. It submits requests and control commands; the engine thread runs them between
+forward steps, so a weight update, an abort or a pause always lands on a step boundary and every
+generated token knows the weight version that produced it.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import base64
 import time
 from typing import Any, Iterable, Optional
 
-from asyncrl.protocols.engine import version_spans
 from asyncrl.tokenizer import Tokenizer
+from asyncrl.version_spans import version_spans
 from rollout.request import Req
 
 

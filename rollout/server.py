@@ -1,93 +1,47 @@
 """`asyncrl engine serve`: the built-in engine behind SGLang's native HTTP API (engine.md).
 
-Handlers are thin: parse the typed request, hand it to the engine, await the engine thread's answer.
+Handlers are thin: each validates its typed request, calls one method of the engine's HTTP-side parts
+(rollout/generation.py, rollout/control.py, rollout/weight_updates.py) and returns its typed answer
+(asyncrl/protocols/engine.py); a refused control call (rollout/errors.py) is SGLang's
+`{"success": false, "message"}`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures
 import logging
 import os
-import socket
-import threading
-import time
-import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-from safetensors import SafetensorError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from asyncrl.config import ENGINE_API_KEY_ENV
-from asyncrl.model.io import read_tensors
-from asyncrl.service import (GuardMiddleware, error_response, install_error_handlers, install_metrics, json_body,
-                             parse_json_body, serve)
-from rollout.engine import MEMORY_TAGS, Engine, EngineArgs
-from asyncrl.protocols.engine import (AbortRequest, DestroyWeightsUpdateGroupRequest, GenerateItem, GenerateRequest,
-                              GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, MemoryOccupationRequest,
-                              PauseGenerationRequest, SamplingParams, UpdateWeightVersionRequest,
-                              UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
-                              UpdateWeightsFromTensorRequest, split_batch)
-from rollout.request import Req
-from rollout.response import StreamView, response_body
-from rollout.weights import WeightsUpdateGroup, decode_tensors
-
-log = logging.getLogger("rollout.server")
+from asyncrl.protocols.engine import (AbortRequest, AbortResponse, DestroyWeightsUpdateGroupRequest, GenerateRequest,
+                                      GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, LoadEntry,
+                                      LoadsResponse, MemoryOccupationRequest, ModelCard, ModelList,
+                                      PauseGenerationRequest, RankLoad, StatusResponse, SuccessResponse,
+                                      UpdateWeightVersionRequest, UpdateWeightVersionResponse,
+                                      UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
+                                      UpdateWeightsFromTensorRequest, WeightsUpdateResponse, WeightVersionResponse)
+from asyncrl.service import GuardMiddleware, install_error_handlers, install_metrics, json_body, parse_json_body, serve
+from rollout.control import EngineControl
+from rollout.engine import Engine, EngineArgs
+from rollout.errors import Refused
+from rollout.generation import Generation
+from rollout.metrics import EngineMetrics
+from rollout.weight_updates import WeightUpdates
 
 OPEN_PATHS = ("/health", "/metrics")
 """What SGLang's --api-key leaves open (prefixes: /health_generate too), so probes and scrapers need no key."""
-OFFLOAD_PROMPT_SIZE = 16384
-"""Prompt characters or ids of one /generate call above which it is tokenized and validated in a thread."""
 WEIGHT_PUSH_ROUTES = {"/update_weights_from_tensor": None}
 """Routes without a body limit: a tensor push carries the whole model (protect them with --api-key)."""
 
 
-class _LoadGauges(Collector):
-    """The scheduler's load as SGLang's gauges, read once per scrape (Scheduler.loads walks the queue)."""
-
-    def __init__(self, loads: Callable[[], dict[str, int]]) -> None:
-        self.loads = loads
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        now = self.loads()
-        yield GaugeMetricFamily("sglang_num_running_reqs", "running requests", value=now["num_running_reqs"])
-        yield GaugeMetricFamily("sglang_num_queue_reqs", "waiting requests", value=now["num_waiting_reqs"])
-        yield GaugeMetricFamily("sglang_token_usage", "fraction of KV slots in use",
-                                value=now["num_used_tokens"] / now["max_total_num_tokens"])
-
-
-class EngineMetrics:
-    def __init__(self, engine: Engine) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("sglang_num_requests", "finished generate requests", ["finish"], registry=r)
-        self.prompt_tokens = Counter("sglang_prompt_tokens", "prompt tokens", registry=r)
-        self.generation_tokens = Counter("sglang_generation_tokens", "generated tokens", registry=r)
-        self.cached_tokens = Counter("sglang_cached_tokens", "prompt tokens served from the prefix cache", registry=r)
-        self.e2e_latency = Histogram("sglang_e2e_request_latency_seconds", "request latency", registry=r,
-                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
-        r.register(_LoadGauges(engine.scheduler.loads))
-
-    def finished(self, req: Req) -> None:
-        self.requests.labels(req.finish_reason["type"]).inc()
-        self.prompt_tokens.inc(len(req.prompt))
-        self.generation_tokens.inc(len(req.output_ids))
-        self.cached_tokens.inc(req.cached_tokens)
-        self.e2e_latency.observe(time.monotonic() - req.created)
-
-
 def build_app(engine: Engine) -> FastAPI:
     metrics = EngineMetrics(engine)
-    state: dict[str, Optional[WeightsUpdateGroup]] = {"group": None}
-    joining = asyncio.Lock()
-    """Held while a rendezvous for a weights update group is under way (one at a time)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -98,79 +52,23 @@ def build_app(engine: Engine) -> FastAPI:
     app.add_middleware(GuardMiddleware, auth_token=engine.args.api_key, max_request_bytes=engine.args.max_request_bytes,
                        open_prefixes=OPEN_PATHS, route_limits=WEIGHT_PUSH_ROUTES)
     install_error_handlers(app)
+    app.add_exception_handler(Refused, _refused)
     install_metrics(app, metrics.registry)
+    _generation_routes(app, Generation(engine, metrics))
+    _info_routes(app, engine)
+    _control_routes(app, EngineControl(engine))
+    _weight_update_routes(app, WeightUpdates(engine))
+    return app
 
-    def new_rid() -> str:
-        return uuid.uuid4().hex
 
-    def watch(loop: asyncio.AbstractEventLoop) -> tuple[Callable[[Req], None], asyncio.Queue]:
-        """An on_update callback for the engine thread and the queue it fills, in `loop`, with (output
-        tokens so far, finished) after each update."""
-        updates: asyncio.Queue = asyncio.Queue()
+async def _refused(_: Request, exc: Refused) -> JSONResponse:
+    return JSONResponse(SuccessResponse(success=False, message=exc.message).model_dump(), status_code=exc.status)
 
-        def on_update(req: Req) -> None:  # engine thread: only a note, the body is built by the loop
-            count = len(req.output_ids)
-            if req.finished:
-                metrics.finished(req)
-            elif not req.item.stream or (count > 1 and count % engine.args.stream_interval):
-                return  # non-streaming clients only need the final state; streams get every interval-th
-            loop.call_soon_threadsafe(updates.put_nowait, (count, req.finished))
 
-        return on_update, updates
-
-    async def prepare(items: list[GenerateItem]) -> list[tuple[Req, asyncio.Queue]]:
-        """Tokenized and validated requests (not submitted yet), made in a thread when the prompts are large
-        (tokenizing a long text takes seconds), so that /health and other requests keep being served."""
-        watched = [watch(asyncio.get_running_loop()) for _ in items]
-
-        def make() -> list[tuple[Req, asyncio.Queue]]:
-            return [(engine.request(item, on_update), updates) for item, (on_update, updates) in zip(items, watched)]
-
-        size = sum(len(item.text if item.text is not None else item.input_ids) for item in items)
-        return await asyncio.to_thread(make) if size > OFFLOAD_PROMPT_SIZE else make()
-
-    def run(item: GenerateItem) -> tuple[Req, asyncio.Queue]:
-        """Submit one small item."""
-        on_update, updates = watch(asyncio.get_running_loop())
-        return engine.submit(engine.request(item, on_update)), updates
-
-    async def until_finished(req: Req, updates: asyncio.Queue, request: Request) -> dict[str, Any]:
-        disconnected = asyncio.create_task(_wait_disconnect(request))
-        try:
-            while True:
-                getter = asyncio.create_task(updates.get())
-                done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    engine.call(lambda: engine.scheduler.abort(req.rid, "client disconnected"))
-                    return {}
-                _, finished = getter.result()
-                if finished:
-                    return response_body(req, engine.tokenizer, engine.weight_version)
-        finally:
-            disconnected.cancel()
-
+def _generation_routes(app: FastAPI, generation: Generation) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=json_body(GenerateRequest))
     async def generate(request: Request) -> Response:
-        body = await parse_json_body(request, GenerateRequest)
-        items, samples = split_batch(body, new_rid), body.parallel_samples
-        prefixes = []
-        if samples > 1:  # as SGLang: prefill each prompt once, so that its n samples start from its cached KV
-            prefixes = [item.model_copy(update={"rid": new_rid(), "sampling": SamplingParams(max_new_tokens=0),
-                                                "stream": False, "return_logprob": False,
-                                                "return_routed_experts": False})
-                        for item in items[::samples]]
-        prepared = await prepare(prefixes + items)
-        for req, _ in prepared[:len(prefixes)]:
-            engine.submit(req)
-        await asyncio.gather(*(until_finished(req, q, request) for req, q in prepared[:len(prefixes)]))
-        started = prepared[len(prefixes):]
-        for req, _ in started:
-            engine.submit(req)
-        if body.stream:
-            return StreamingResponse(_stream(started, engine), media_type="text/event-stream")
-        results = await asyncio.gather(*(until_finished(req, q, request) for req, q in started))
-        return JSONResponse(results if body.returns_list else results[0])
+        return await generation.generate(await parse_json_body(request, GenerateRequest), request)
 
     @app.get("/health")
     async def health() -> Response:
@@ -178,17 +76,11 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
-        if engine.released:  # released memory cannot generate (SGLang's check would time out instead)
-            return Response(status_code=503)
-        item = GenerateItem(rid=f"HEALTH_CHECK_{new_rid()}", input_ids=[0],
-                            sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
-        try:
-            req, updates = run(item)
-            async with asyncio.timeout(20):
-                await until_finished(req, updates, request)
-            return Response(status_code=200)
-        except (TimeoutError, RuntimeError):
-            return Response(status_code=503)
+        return Response(status_code=200 if await generation.healthy(request) else 503)
+
+
+def _info_routes(app: FastAPI, engine: Engine) -> None:
+    """What the engine is and how loaded it is: read without the engine thread."""
 
     @app.get("/get_model_info")
     @app.get("/model_info")
@@ -201,232 +93,83 @@ def build_app(engine: Engine) -> FastAPI:
         return {**engine.server_info(), "internal_states": [engine.scheduler.loads()]}
 
     @app.get("/get_weight_version")
-    async def get_weight_version() -> dict[str, Any]:
-        return {"weight_version": engine.weight_version}
+    async def get_weight_version() -> WeightVersionResponse:
+        return WeightVersionResponse(weight_version=engine.weight_version)
 
     @app.get("/v1/loads")
-    async def loads() -> dict[str, Any]:
-        return {"loads": [{"dp_rank": 0, **engine.scheduler.loads()}]}
+    async def loads() -> LoadsResponse:
+        return LoadsResponse(loads=[LoadEntry(dp_rank=0, **engine.scheduler.loads())])
 
     @app.get("/get_load")
-    async def get_load() -> list[dict[str, int]]:
+    async def get_load() -> list[RankLoad]:
         """SGLang's per-DP-rank load list: what sglang-router polls for its load-aware policies."""
         now = engine.scheduler.loads()
-        return [{"dp_rank": 0, "num_reqs": now["num_running_reqs"] + now["num_waiting_reqs"],
-                 "num_waiting_reqs": now["num_waiting_reqs"], "num_tokens": now["num_tokens"]}]
+        return [RankLoad(dp_rank=0, num_reqs=now["num_running_reqs"] + now["num_waiting_reqs"],
+                         num_waiting_reqs=now["num_waiting_reqs"], num_tokens=now["num_tokens"])]
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": engine.args.served_model_name, "object": "model",
-                                            "owned_by": "asyncrl", "root": engine.args.model_path}]}
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=engine.args.served_model_name, root=engine.args.model_path)])
 
+
+def _control_routes(app: FastAPI, control: EngineControl) -> None:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        def flush() -> bool:
-            if engine.scheduler.running or engine.scheduler.waiting:
-                return False
-            engine.scheduler.flush_cache()
-            return True
-        ok = await asyncio.wrap_future(engine.call(flush))
-        if ok:
+        if await control.flush_cache():
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
 
     @app.post("/abort_request")
-    async def abort_request(body: AbortRequest) -> dict[str, Any]:
-        if not body.abort_all and not body.rid:
-            return error_response(400, "give 'rid' or set 'abort_all'")
-        rid = None if body.abort_all else body.rid
-        count = await asyncio.wrap_future(engine.call(lambda: engine.scheduler.abort(rid, prefix=True)))
-        return {"success": True, "num_aborted": count}
+    async def abort_request(body: AbortRequest) -> AbortResponse:
+        return await control.abort(body)
 
     @app.post("/pause_generation")
-    async def pause_generation(body: PauseGenerationRequest) -> dict[str, Any]:
-        def pause() -> None:
-            if body.mode == "abort":
-                engine.scheduler.abort(None, "aborted by pause_generation")
-            elif body.mode == "retract":
-                engine.scheduler.retract_all()
-            engine.scheduler.paused = True
-        await asyncio.wrap_future(engine.call(pause))
-        return {"status": "ok"}
+    async def pause_generation(body: PauseGenerationRequest) -> StatusResponse:
+        return await control.pause(body)
 
     @app.post("/continue_generation")
-    async def continue_generation() -> dict[str, Any]:
-        def resume() -> None:
-            engine.scheduler.paused = False
-        await asyncio.wrap_future(engine.call(resume))
-        return {"status": "ok"}
+    async def continue_generation() -> StatusResponse:
+        return await control.resume()
 
     @app.post("/update_weight_version")
-    async def update_weight_version(body: UpdateWeightVersionRequest) -> JSONResponse:
-        def relabel() -> None:
-            if body.abort_all_requests:
-                engine.scheduler.abort(None, "aborted by update_weight_version")
-            engine.scheduler.weight_version = body.new_version
-        await asyncio.wrap_future(engine.call(relabel))
-        return JSONResponse({"success": True, "message": f"Weight version updated to {body.new_version}.",
-                             "new_version": body.new_version})
+    async def update_weight_version(body: UpdateWeightVersionRequest) -> UpdateWeightVersionResponse:
+        return await control.update_weight_version(body)
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(body: GetWeightsByNameRequest) -> Response:
-        try:
-            rows = await asyncio.wrap_future(engine.call(lambda: engine.weights_by_name(body.name, body.truncate_size)))
-        except ValueError as err:
-            return error_response(400, str(err))
-        return Response(orjson.dumps(rows), media_type="application/json")
-
-    async def memory(body: Optional[MemoryOccupationRequest], change: Callable[[frozenset[str]], str]) -> JSONResponse:
-        tags = frozenset((body.tags if body else None) or MEMORY_TAGS)
-        if not tags <= MEMORY_TAGS:
-            return error_response(400, f"tags: unknown {sorted(tags - MEMORY_TAGS)} (known: {sorted(MEMORY_TAGS)})")
-        try:
-            message = await asyncio.wrap_future(engine.call(lambda: change(tags)))
-        except ValueError as err:
-            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
-        return JSONResponse({"success": True, "message": message})
+        """Rows of floats: serialized by orjson, not validated into a model."""
+        return Response(orjson.dumps(await control.weights_by_name(body)), media_type="application/json")
 
     @app.post("/release_memory_occupation")
-    async def release_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> JSONResponse:
-        return await memory(body, engine.release_memory)
+    async def release_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> SuccessResponse:
+        return await control.release_memory(body)
 
     @app.post("/resume_memory_occupation")
-    async def resume_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> JSONResponse:
-        return await memory(body, engine.resume_memory)
+    async def resume_memory_occupation(body: Optional[MemoryOccupationRequest] = None) -> SuccessResponse:
+        return await control.resume_memory(body)
 
-    async def update(receive, strict: bool, version: Optional[str], flush: bool, abort_all: bool = False
-                     ) -> JSONResponse:
-        try:
-            message = await asyncio.wrap_future(engine.update_weights(receive, strict, version, flush, abort_all))
-        except (ValueError, RuntimeError, OSError, KeyError, SafetensorError) as err:  # a bad payload or checkpoint
-            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
+def _weight_update_routes(app: FastAPI, updates: WeightUpdates) -> None:
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> JSONResponse:
-        return await update(lambda: read_tensors(body.model_path), True, body.weight_version, body.flush_cache,
-                            body.abort_all_requests)
+    async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> WeightsUpdateResponse:
+        return await updates.from_disk(body)
 
     @app.post("/update_weights_from_tensor", openapi_extra=json_body(UpdateWeightsFromTensorRequest))
-    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+    async def update_weights_from_tensor(request: Request) -> WeightsUpdateResponse:
         body = await parse_json_body(request, UpdateWeightsFromTensorRequest)  # a whole model: parsed off the loop
-        try:
-            tensors = await asyncio.to_thread(decode_tensors, body.serialized_named_tensors, body.load_format)
-        except ValueError as err:
-            return JSONResponse({"success": False, "message": str(err)}, status_code=400)
-        return await update(lambda: tensors, False, body.weight_version, body.flush_cache)
+        return await updates.from_tensor(body)
 
     @app.post("/init_weights_update_group")
-    async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
-        try:
-            await asyncio.to_thread(socket.getaddrinfo, body.master_address, body.master_port)
-        except (socket.gaierror, UnicodeError) as err:
-            return JSONResponse({"success": False, "message": f"master_address {body.master_address!r} does not "
-                                 f"resolve ({err})"}, status_code=400)
-
-        if joining.locked():
-            return JSONResponse({"success": False, "message": "a weights update group is being joined already"},
-                                status_code=409)
-        async with joining:  # the rendezvous waits for rank 0: in a thread of its own, never the engine's,
-            try:             # so that generation goes on while a trainer (or a wrong address) keeps it waiting
-                state["group"] = await _in_daemon_thread(
-                    WeightsUpdateGroup, body.master_address, body.master_port, body.rank_offset, body.world_size,
-                    body.backend, body.group_name)
-            except (RuntimeError, ValueError) as err:
-                return JSONResponse({"success": False, "message": str(err)}, status_code=400)
-        return JSONResponse({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
-
-    def no_group_named(name: str) -> Optional[JSONResponse]:
-        """A 400 unless the engine has joined the weights update group called `name`."""
-        group = state["group"]
-        if group is None or group.group_name != name:
-            return JSONResponse({"success": False, "message": f"no weights update group {name!r}"}, status_code=400)
-        return None
+    async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> SuccessResponse:
+        return await updates.join_group(body)
 
     @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest) -> JSONResponse:
-        if (refused := no_group_named(body.group_name)) is not None:
-            return refused
-        group = state["group"]
-        return await update(lambda: group.receive(body.names, body.dtypes, body.shapes), False, body.weight_version,
-                            body.flush_cache)
+    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest) -> WeightsUpdateResponse:
+        return await updates.from_distributed(body)
 
     @app.post("/destroy_weights_update_group")
-    async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
-        if (refused := no_group_named(body.group_name)) is not None:
-            return refused
-        group = state["group"]
-        await asyncio.wrap_future(engine.call(group.destroy))
-        state["group"] = None
-        return JSONResponse({"success": True, "message": f"destroyed {body.group_name}"})
-
-    return app
-
-
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """`fn(*args)` in a daemon thread: a rendezvous that never completes must hold neither the event
-    loop nor the process's exit (the default executor's threads are joined at exit)."""
-    done: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            done.set_result(fn(*args))
-        except BaseException as err:
-            done.set_exception(err)
-
-    threading.Thread(target=run, name=f"rollout-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return asyncio.wrap_future(done)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _stream(started: list[tuple[Req, asyncio.Queue]], engine: Engine) -> AsyncIterator[bytes]:
-    """SSE: one event per update of any request in the batch, then [DONE]: cumulative output, or with
-    --incremental-streaming-output only what is new since the request's last event. Updates that queued
-    up while the client was being served are merged into one event. If the client goes away, the
-    generator is closed and its requests are aborted."""
-    pending = {i: q for i, (_, q) in enumerate(started)}
-    views = [StreamView(req, engine.tokenizer) for req, _ in started]
-
-    def event(i: int, update: tuple[int, bool]) -> bytes:
-        while not update[1] and not pending[i].empty():
-            update = pending[i].get_nowait()
-        req, (count, finished) = started[i][0], update
-        if finished:
-            body = response_body(req, engine.tokenizer, engine.weight_version)
-        else:
-            views[i].advance(count)
-            body = response_body(req, engine.tokenizer, engine.weight_version, views[i])
-        if engine.args.incremental_streaming_output:
-            body = views[i].delta(body)
-        if len(started) > 1:
-            body["index"] = i
-        if finished:
-            pending.pop(i)
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    try:
-        while len(started) == 1 and pending:  # the common case: no task per update
-            yield event(0, await pending[0].get())
-        while pending:
-            getters = {asyncio.create_task(q.get()): i for i, q in pending.items()}
-            done, rest = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
-            for task in rest:
-                task.cancel()
-            for task in done:
-                yield event(getters[task], task.result())
-        yield b"data: [DONE]\n\n"
-    finally:
-        for i in pending:
-            rid = started[i][0].rid
-            engine.call(lambda rid=rid: engine.scheduler.abort(rid, "client disconnected"))
+    async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest) -> SuccessResponse:
+        return await updates.destroy_group(body)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[str]]:

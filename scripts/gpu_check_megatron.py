@@ -24,7 +24,7 @@ import torch
 from asyncrl.config import TrainerConfig, load_model_section
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.model import Glm5ForCausalLM
-from trainer.backends.megatron_backend import MegatronBackend
+from trainer.backends.megatron.backend import MegatronBackend
 from trainer.losses import LossInputs, build_loss
 from trainer.packing import MicroBatch
 
@@ -162,9 +162,9 @@ def check_large(report: dict) -> None:
 
 
 def main() -> None:
-    from trainer.backends import megatron_cpu_shims
+    from trainer.backends.megatron import cpu_shims
 
-    megatron_cpu_shims.install()
+    cpu_shims.install()
     import megatron.core
     import transformers
 

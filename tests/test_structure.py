@@ -1,5 +1,11 @@
-"""Guards DESIGN.md's dependency rule: components import asyncrl and never each other, and asyncrl
-never imports a component statically (the launcher and CLI wire them by dotted path)."""
+"""Guards the layout rules (README.md "Layout"): components import asyncrl and never each other, asyncrl never
+imports a component statically (the launcher and CLI wire them by dotted path), no import circle anywhere among
+the project's modules, and no function over 60 lines outside the model and the tests.
+
+Everything is read from the AST, so an import inside a function (or under TYPE_CHECKING) counts like one at the
+top of a module: a circle broken only by deferring an import is still a circle."""
+
+from __future__ import annotations
 
 import ast
 from pathlib import Path
@@ -8,28 +14,197 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("rollout", "gateway", "orchestrator", "envs", "trainer")
+PACKAGES = ("asyncrl",) + COMPONENTS
+MAX_FUNCTION_LINES = 60
+LENGTH_EXEMPT = ("asyncrl/model/", "tests/")
+"""The model follows the HF reference implementation's structure; tests read best as one scenario each.
+bench/ and scripts/ are held to the rule: they are project code that people run and read."""
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names = set()
-    for node in ast.walk(tree):
+def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of `packages` under `root` (a package is its __init__)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(module: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The project modules `module` imports anywhere in its file -> the line of the first such import.
+    `from a import b` names the module a.b when there is one, else a; relative imports are resolved."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            targets = [_known_prefix(alias.name, modules) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, path.name == "__init__.py")
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else _known_prefix(base, modules)
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target is not None and target != module:
+                found.setdefault(target, node.lineno)
+    return found
 
 
-@pytest.mark.parametrize("package", ("asyncrl",) + COMPONENTS)
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")[: None if is_package else -1]
+    parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _known_prefix(name: str, modules: dict[str, Path]):
+    """The longest prefix of `name` that is a project module (None: not the project's)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, dict[str, int]]:
+    modules = module_files(root, packages)
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One circle per strongly connected component of the graph, as [a, b, ..., a]."""
+    cycles = []
+    for component in _strongly_connected(graph):
+        if len(component) > 1:
+            cycles.append(_cycle_through(min(component), component, graph))
+    return cycles
+
+
+def _strongly_connected(graph: dict[str, dict[str, int]]) -> list[set[str]]:
+    """Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in graph.get(node, {}):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while not component or member != node:
+                member = stack.pop()
+                component.add(member)
+            components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def _cycle_through(start: str, component: set[str], graph: dict[str, dict[str, int]]) -> list[str]:
+    """A shortest circle start -> ... -> start inside `component` (breadth first)."""
+    parent: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for succ in sorted(graph[node]):
+                if succ == start:
+                    path = [node]
+                    while parent[path[-1]] is not None:
+                        path.append(parent[path[-1]])
+                    return path[::-1] + [start]
+                if succ in component and succ not in parent:
+                    parent[succ] = node
+                    following.append(succ)
+        frontier = following
+    raise AssertionError(f"{start} is in no circle of {sorted(component)}")
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """'path:line name (N lines)' of every function longer than `limit` lines (def to last line, nested
+    functions included in their enclosing one), outside the exempt directories, .venv* and hidden ones."""
+    found = []
+    for path in _project_files(root):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(LENGTH_EXEMPT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{relative}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def _project_files(root: Path):
+    """Every .py file under `root` outside hidden directories (.venv*, .git, ...)."""
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            yield from (path for path in sorted(entry.rglob("*.py"))
+                        if not any(part.startswith(".") for part in path.relative_to(root).parts))
+        elif entry.suffix == ".py":
+            yield entry
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_dependency_rule(package):
     forbidden = set(COMPONENTS) - {package}
     offenders = {}
-    for path in (ROOT / package).rglob("*.py"):
-        bad = imported_top_levels(path) & forbidden
-        if bad:
-            offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    for module, imports in import_graph(ROOT).items():
+        bad = {target.split(".")[0] for target in imports} & forbidden
+        if module.split(".")[0] == package and bad:
+            offenders[module] = sorted(bad)
     assert not offenders, f"{package} imports other components: {offenders}"
+
+
+def test_no_import_cycles():
+    graph = import_graph(ROOT)
+    assert {"asyncrl.cli", "gateway.server", "trainer.loop", "envs.sdk"} <= graph.keys()  # the whole project is read
+    cycles = import_cycles(graph)
+    assert not cycles, "import circles:\n" + "\n".join(describe(cycle, graph) for cycle in cycles)
+
+
+def test_no_function_over_60_lines():
+    offenders = long_functions(ROOT)
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
+
+
+def test_the_checks_find_what_they_guard(tmp_path):
+    """A circle through a relative, a function-level and a TYPE_CHECKING import is found and named; a long
+    function is found; `from pkg import name` of a non-module is an edge to the package."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    files = {
+        "pkg/__init__.py": "from pkg.sub.b import B\n",
+        "pkg/a.py": "def f():\n    from .sub import b\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..c import C\nB = 1\n",
+        "pkg/c.py": "import pkg.a\n" + "def long():\n" + "    x = 1\n" * 60,
+        "pkg/d.py": "from pkg import B\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.d"] == {"pkg": 1} and graph["pkg.a"] == {"pkg.sub.b": 2}
+    assert import_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    assert describe(["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"], graph) == \
+        "pkg.a (line 2) -> pkg.sub.b (line 3) -> pkg.c (line 1) -> pkg.a"
+    assert long_functions(tmp_path) == ["pkg/c.py:2 long (61 lines)"]
 
 
 def test_cli_entry_is_instant_and_lists_commands():

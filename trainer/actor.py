@@ -28,9 +28,10 @@ from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.io import save_tensors
 from asyncrl.store import Store
 from trainer.atomic_dir import write_atomically
-from trainer.backends.base import TrainerBackend, make_backend
+from trainer.backends.base import StepResult, TrainerBackend, make_backend
 from trainer.checkpoint import CheckpointManager
 from trainer.data import GroupLoader, StepBatch
+from trainer.loop import rl_step, train
 from trainer.metrics import TrainerMetrics, serve_metrics
 from trainer.weight_push import PushReport, WeightSync
 
@@ -76,21 +77,17 @@ class Trainer:
 
     # The loop (trainer/loop.py) ----------------------------------------------------------------------
     async def run(self, total_steps: int) -> None:
-        from trainer.loop import train
-
         await train(self, total_steps)
 
     async def step(self, final: bool = False) -> Optional[dict[str, float]]:
         """One RL step (sync mode); None when a stop was requested while waiting for groups."""
-        from trainer.loop import rl_step
-
         await self.sync_engines()
         return await rl_step(self, final)
 
     def request_stop(self) -> None:
         self.stopping.set()
 
-    # What the loop calls -----------------------------------------------------------------------------
+    # What the loop calls (trainer/loop.py LoopTrainer) -------------------------------------------------
     async def sync_engines(self) -> None:
         """Once, at start: if the engines serve a version this trainer's checkpoint does not hold (a
         push after the last checkpoint, then a crash), push the restored weights as a newer version,
@@ -110,6 +107,24 @@ class Trainer:
         if self.metrics_url:
             await self.store.redis.hset(self.store.key("services"), METRICS_KEY, self.metrics_url)
 
+    async def next_batch(self) -> Optional[StepBatch]:
+        """The next step's batch, or None once a stop is requested (the loader takes its groups back)."""
+        read = asyncio.ensure_future(self.loader.next_step(self.state.weight_version))
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if read.done():
+            return read.result()
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        return None
+
+    async def train_step(self, batch: StepBatch) -> StepResult:
+        result = await asyncio.to_thread(self.backend.train_step, batch.micro_batches,
+                                         batch.normalizer(self.cfg.loss.aggregation))
+        self.uncommitted.append(batch)
+        return result
+
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
         report = await self.weights.push(self.backend, version)
         self.state.weight_version = version
@@ -121,11 +136,17 @@ class Trainer:
 
     async def checkpoint_and_commit(self) -> None:
         """Make the trained steps durable, then acknowledge their groups (never the other way round)."""
+        if not self.uncommitted:
+            return
         self.state.trained_stream_ids = [sid for batch in self.uncommitted for sid in batch.stream_ids]
         await asyncio.to_thread(self.checkpoints.save, self.backend, self.state)
         for batch in self.uncommitted:
             await self.loader.commit(batch)
         self.uncommitted.clear()
+
+    async def report(self, metrics: dict[str, float]) -> None:
+        await self.store.add_metrics("trainer", metrics)
+        self.prometheus.observe(metrics)
 
     async def export_final(self) -> Path:
         """The trained weights as an HF checkpoint at <run_dir>/final (what `asyncrl eval` and users load)."""

@@ -6,48 +6,74 @@ checkpoint, acknowledge, report.
 Order matters: the push comes before the checkpoint, so a checkpoint holds the weight version the
 engines serve and the optimizer state after its reset; groups are acknowledged only after the
 checkpoint that holds their step is durable (trainer/checkpoint.py has the crash cases).
+
+The loop drives a `LoopTrainer`, not trainer/actor.py's Trainer itself, so the two do not import each other
+and the loop can be read (and driven) knowing only the few operations it calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Optional
+from pathlib import Path
+from typing import Optional, Protocol
 
 import numpy as np
 
+from asyncrl.config import TrainerConfig
 from trainer.backends.base import StepResult
+from trainer.checkpoint import TrainerState
 from trainer.data import StepBatch
 from trainer.packing import replayed_fraction
 from trainer.weight_push import PushReport
 
-if TYPE_CHECKING:
-    from trainer.actor import Trainer
+
+class LoopTrainer(Protocol):
+    """What the RL loop drives (trainer/actor.py's Trainer is the implementation)."""
+
+    cfg: TrainerConfig
+    state: TrainerState
+    stopping: asyncio.Event
+
+    async def sync_engines(self) -> None: ...
+
+    async def next_batch(self) -> Optional[StepBatch]:
+        """The next step's batch, or None once a stop is requested."""
+
+    async def train_step(self, batch: StepBatch) -> StepResult:
+        """One optimizer step on `batch`, whose groups wait for the next checkpoint to be acknowledged."""
+
+    async def push_weights(self, version: int) -> PushReport: ...
+
+    async def checkpoint_and_commit(self) -> None:
+        """Make the trained steps durable, then acknowledge their groups (nothing when none were trained)."""
+
+    async def report(self, metrics: dict[str, float]) -> None:
+        """Publish one step's metrics record."""
+
+    async def export_final(self) -> Path: ...
 
 
-async def train(t: Trainer, total_steps: int) -> None:
+async def train(t: LoopTrainer, total_steps: int) -> None:
     """Run until `total_steps` optimizer steps (counting those before a restart) or a stop request."""
     await t.sync_engines()
     while t.state.step < total_steps and not t.stopping.is_set():
         await rl_step(t, final=t.state.step + 1 == total_steps)
-    if t.uncommitted:  # stopped early: make what was trained durable before returning
-        await t.checkpoint_and_commit()
+    await t.checkpoint_and_commit()  # stopped early: make what was trained durable before returning
     if t.state.step >= total_steps:
         await t.export_final()
 
 
-async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]:
+async def rl_step(t: LoopTrainer, final: bool = False) -> Optional[dict[str, float]]:
     cfg, state = t.cfg, t.state
     started = time.perf_counter()
-    batch = await next_batch(t)                                    # blocks until groups_per_step usable groups
+    batch = await t.next_batch()                                   # blocks until groups_per_step usable groups
     if batch is None:
         return None
     waited = time.perf_counter() - started
-    result = await asyncio.to_thread(t.backend.train_step, batch.micro_batches,
-                                     batch.normalizer(cfg.loss.aggregation))
+    result = await t.train_step(batch)
     trained = time.perf_counter() - started - waited
     state.step += 1
-    t.uncommitted.append(batch)
     push = None
     if state.step % cfg.weight_push.every_k_steps == 0:
         push = await t.push_weights(state.weight_version + 1)     # pause engines, transfer, continue
@@ -59,22 +85,8 @@ async def rl_step(t: Trainer, final: bool = False) -> Optional[dict[str, float]]
     metrics = step_metrics(batch, result, push, state.step, state.weight_version, waited, trained,
                            time.perf_counter() - started)
     metrics["checkpoint_s"] = checkpoint_s
-    await t.store.add_metrics("trainer", metrics)
-    t.prometheus.observe(metrics)
+    await t.report(metrics)
     return metrics
-
-
-async def next_batch(t: Trainer) -> Optional[StepBatch]:
-    """The next step's batch, or None once a stop is requested (the loader takes its groups back)."""
-    read = asyncio.ensure_future(t.loader.next_step(t.state.weight_version))
-    stop = asyncio.ensure_future(t.stopping.wait())
-    await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
-    stop.cancel()
-    if read.done():
-        return read.result()
-    read.cancel()
-    await asyncio.gather(read, return_exceptions=True)
-    return None
 
 
 def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport], step: int, weight_version: int,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.config import LossConfig
+from asyncrl.plugins import load_plugin
 
 AGGREGATIONS = ("token", "sequence")
 
@@ -238,11 +239,11 @@ class IcePopPPO(PolicyLoss):
                                self.config.icepop_beta, **self._common(inputs))
 
 
-LOSSES: dict[str, type[PolicyLoss]] = {"direct_double_sided_is": DirectDoubleSidedIS, "icepop_ppo": IcePopPPO}
+LOSSES: dict[str, str] = {"direct_double_sided_is": "trainer.losses:DirectDoubleSidedIS",
+                          "icepop_ppo": "trainer.losses:IcePopPPO"}
+"""`loss.type` built-ins -> import path of their PolicyLoss (asyncrl/plugins.py)."""
 
 
 def build_loss(config: LossConfig) -> PolicyLoss:
-    """The objective named by `config.type`."""
-    if config.type not in LOSSES:
-        raise ValueError(f"loss.type {config.type!r} not in {sorted(LOSSES)}")
-    return LOSSES[config.type](config)
+    """The objective named by `config.type` (a built-in or the import path of a PolicyLoss)."""
+    return load_plugin(LOSSES, config.type, "loss.type")(config)

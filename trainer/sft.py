@@ -1,6 +1,6 @@
 """Supervised warm-up: teach a fresh model the task format before RL (the demo's first minute).
 
-The demonstrations come from an environment class named by dotted path (it must offer
+The demonstrations come from an environment class named by import path (it must offer
 `demonstrations(count, seed) -> list of OpenAI message lists`), rendered with the same chat template
 and stop token the gateway uses, so RL starts from a policy that already speaks the format. Only
 assistant tokens (and the stop token that ends each reply) are in the loss.
@@ -8,11 +8,9 @@ assistant tokens (and the stop token that ends each reply) are in the loss.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import random
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,14 +18,10 @@ from asyncrl.chat_template import GlmChatTemplate
 from asyncrl.config import ModelSection, WarmupConfig
 from asyncrl.model.io import load_pretrained, save_pretrained
 from asyncrl.model.model import Glm5ForCausalLM
+from asyncrl.plugins import load_object
 from asyncrl.tokenizer import load_tokenizer
 
 log = logging.getLogger("trainer.sft")
-
-
-def load_class(path: str) -> Any:
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def tokenize_dialogue(template: GlmChatTemplate, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
@@ -57,7 +51,7 @@ def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) 
     torch.manual_seed(seed)
     net = load_pretrained(model.path) if model.path else Glm5ForCausalLM.from_config(model.arch, seed=seed)
     template = GlmChatTemplate(load_tokenizer(model.tokenizer), thinking=cfg.thinking)
-    env = load_class(cfg.env)(**cfg.env_options)
+    env = load_object(cfg.env)(**cfg.env_options)
     examples = [tokenize_dialogue(template, d) for d in env.demonstrations(cfg.steps * cfg.batch_size, seed)]
     optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
@@ -82,4 +76,4 @@ def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tu
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()

@@ -52,6 +52,7 @@ from asyncrl.config import WeightPushConfig
 from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import save_tensors
+from asyncrl.plugins import load_plugin
 from asyncrl.store import Store
 from trainer.atomic_dir import prune, write_atomically
 from trainer.backends.base import TrainerBackend
@@ -155,7 +156,9 @@ class DistributedPusher(WeightPusher):
         self.group, self.members = None, {}
 
 
-PUSHERS: dict[str, type[WeightPusher]] = {"disk": DiskPusher, "tensor": TensorPusher, "distributed": DistributedPusher}
+PUSHERS: dict[str, str] = {"disk": "trainer.weight_push:DiskPusher", "tensor": "trainer.weight_push:TensorPusher",
+                           "distributed": "trainer.weight_push:DistributedPusher"}
+"""`weight_push.method` built-ins -> import path of their WeightPusher (asyncrl/plugins.py)."""
 
 
 class BroadcastGroup:
@@ -191,14 +194,13 @@ class WeightSync:
     """The push sequence around a WeightPusher (module docstring)."""
 
     def __init__(self, cfg: WeightPushConfig, store: Store, weights_dir: Path) -> None:
-        if cfg.method not in PUSHERS:
-            raise ValueError(f"weight_push.method {cfg.method!r} not in {sorted(PUSHERS)}")
+        pusher = load_plugin(PUSHERS, cfg.method, "weight_push.method")
         if cfg.pause_mode not in PAUSE_MODES:
             raise ValueError(f"weight_push.pause_mode {cfg.pause_mode!r} not in {list(PAUSE_MODES)}")
         if cfg.engine_kind not in KEY_SPACES:
             raise ValueError(f"weight_push.engine_kind {cfg.engine_kind!r} not in {sorted(KEY_SPACES)}")
         self.cfg, self.store, self.weights_dir = cfg, store, Path(weights_dir)
-        self.pusher = PUSHERS[cfg.method](cfg)
+        self.pusher = pusher(cfg)
         self.pushes = 0
         self.clients: dict[str, EngineClient] = {}
         """engine id -> client, kept across pushes (a new HTTP client costs tens of ms)."""

@@ -14,6 +14,7 @@ batch composition, chunking or cache state. -0.0 and +0.0 count as equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -78,16 +79,11 @@ class Indexer(nn.Module):
     @torch.no_grad()
     def select(self, q: torch.Tensor, weights: torch.Tensor, key_store: torch.Tensor, batch: ForwardBatch) -> Selection:
         """Top-k context positions per query. q [N, Hi, D], weights [N, Hi], key_store [slots, D]."""
-        keys = gather_rows(key_store, batch.context_slots).float()  # [B, Lk, D]
-        q_pad, w_pad = batch.to_padded(q).float(), batch.to_padded(weights)  # [B, Lq, Hi, D], [B, Lq, Hi]
         num_seqs, max_extend = batch.query_positions.shape
         k = min(self.index_topk, batch.max_context)
-        rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
         first = batch.first_ranked_row(k)  # rows before it select all their causal keys: nothing to rank
         picked = [torch.arange(k, device=q.device).expand(num_seqs, first, k)] if first else []
-        for start in range(first, max_extend, rows):  # query chunks bound the [B, rows, Hi, Lk] scores
-            end = start + rows
-            scores = index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
+        for start, end, scores in self._score_chunks(q, weights, key_store, batch, first):
             picked.append(rank_topk(scores, batch.noncausal[:, start:end], batch.position_tiebreak, k))
         return Selection.of(picked[0] if len(picked) == 1 else torch.cat(picked, dim=1), batch)  # [B, Lq, k]
 
@@ -97,14 +93,27 @@ class Indexer(nn.Module):
         """How far each query is from a near tie: (s_k - s_k+1) / |s_k| for its k-th and (k+1)-th largest
         causal index scores, as `select` ranks them -> [B, Lq] fp32 (inf where a query has at most k keys).
         A margin below fp32 rounding (~1e-7) lets two kernel paths select different keys (docs/model.md)."""
-        keys = gather_rows(key_store, batch.context_slots).float()
-        scores = index_scores(batch.to_padded(q).float(), batch.to_padded(weights), keys, self.softmax_scale)
         k = self.index_topk
-        if scores.shape[-1] <= k:
-            return torch.full(scores.shape[:2], float("inf"))
-        top = scores.masked_fill_(batch.noncausal, float("-inf")).topk(k + 1, dim=-1).values
-        margin = (top[..., k - 1] - top[..., k]) / top[..., k - 1].abs()
-        return torch.where(torch.isfinite(top[..., k]), margin, float("inf"))
+        margins = torch.full(batch.query_positions.shape, float("inf"))
+        if batch.max_context <= k:
+            return margins
+        for start, end, scores in self._score_chunks(q, weights, key_store, batch, 0):
+            top = scores.masked_fill_(batch.noncausal[:, start:end], float("-inf")).topk(k + 1, dim=-1).values
+            margin = (top[..., k - 1] - top[..., k]) / top[..., k - 1].abs()
+            margins[:, start:end] = torch.where(torch.isfinite(top[..., k]), margin, float("inf"))
+        return margins
+
+    def _score_chunks(self, q: torch.Tensor, weights: torch.Tensor, key_store: torch.Tensor, batch: ForwardBatch,
+                      first: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Index scores [B, rows, Lk] of padded query rows first.. in chunks that bound the [B, rows, Hi, Lk]
+        buffer by batch.max_score_elements. -> (start, end, scores) per chunk."""
+        keys = gather_rows(key_store, batch.context_slots).float()  # [B, Lk, D]
+        q_pad, w_pad = batch.to_padded(q).float(), batch.to_padded(weights)  # [B, Lq, Hi, D], [B, Lq, Hi]
+        num_seqs, max_extend = batch.query_positions.shape
+        rows = max(1, batch.max_score_elements // (num_seqs * self.n_heads * batch.max_context))
+        for start in range(first, max_extend, rows):
+            end = min(start + rows, max_extend)
+            yield start, end, index_scores(q_pad[:, start:end], w_pad[:, start:end], keys, self.softmax_scale)
 
     def selected_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Differentiable index scores of gathered keys: q [N, Hi, D], weights [N, Hi], keys [N, k, D] -> [N, k]."""

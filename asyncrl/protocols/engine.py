@@ -6,16 +6,18 @@ and whose absence would change the answer (penalties, constrained decoding, LoRA
 inputs, ...): set to anything but their neutral value they are a 400 naming the field, as is a value of
 the wrong type or range: numbers and booleans are strict (`true` is not a token id, `"1"` not a
 temperature), token ids and seeds are non-negative, and what depends on the model (ids below the
-vocabulary size, the context length) is checked by the engine when a request is submitted. A batch request (`input_ids` as a list of lists, or `text` as a list) is
-split once, here, into single `GenerateItem`s; nothing downstream handles the single-or-batch union.
+vocabulary size, the context length) is checked by the engine when a request is submitted. A batch
+request (`input_ids` as a list of lists, or `text` as a list) is split once, by rollout/batch.py, into
+single `GenerateItem`s; nothing downstream handles the single-or-batch union.
+
+Wire types and their validators only: the logic that reads or builds them lives with its users
+(rollout/batch.py, asyncrl/engine_response.py, asyncrl/version_spans.py).
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from asyncrl.protocols.fields import LongIds
@@ -81,7 +83,7 @@ class SamplingParams(_Lenient):
     sampling_seed: Optional[Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]] = None
     """Seeds this request's own generator: its samples do not depend on what else is batched."""
     n: StrictInt = Field(1, ge=1, le=MAX_ITEMS_PER_REQUEST)
-    """Parallel samples of the prompt (SGLang's n): the request fans out into n copies (split_batch)."""
+    """Parallel samples of the prompt (SGLang's n): the request fans out into n copies (rollout/batch.py)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -165,62 +167,6 @@ class GenerateItem(BaseModel):
     stream: bool = False
 
 
-def split_batch(req: GenerateRequest, new_rid) -> list[GenerateItem]:
-    """GenerateRequest -> one GenerateItem per prompt and sample (prompt-major); per-prompt fields may be
-    lists or scalars. With n > 1, sample j of a prompt gets rid `{rid}-{j}` and, when the prompt has a
-    sampling_seed, seed + j: reproducible and distinct (SGLang repeats the seed, so its n copies agree)."""
-    prompts = req.input_ids if req.input_ids is not None else req.text
-    if not req.is_batch:
-        prompts = [prompts]
-    n = len(prompts)
-
-    def pick(value: Any, name: str, default: Any = None) -> list[Any]:
-        if isinstance(value, list):
-            if len(value) != n:
-                raise ValueError(f"'{name}' has {len(value)} entries for a batch of {n}")
-            return value
-        return [default if value is None else value] * n
-
-    if req.rid is None:
-        rids = [new_rid() for _ in range(n)]
-    elif req.is_batch:
-        if not isinstance(req.rid, list):
-            raise ValueError("'rid' must be a list with one id per prompt in a batch request")
-        rids = pick(req.rid, "rid")
-    else:
-        rids = [req.rid]
-    sampling = pick(req.sampling_params, "sampling_params", SamplingParams())
-    if n * req.parallel_samples > MAX_ITEMS_PER_REQUEST:
-        raise ValueError(f"{n} prompts x n={req.parallel_samples} exceeds {MAX_ITEMS_PER_REQUEST} samples per request")
-    items = [
-        GenerateItem(
-            rid=rids[i],
-            text=prompts[i] if req.text is not None else None,
-            sampling=sampling[i],
-            return_logprob=pick(req.return_logprob, "return_logprob")[i],
-            logprob_start_len=pick(req.logprob_start_len, "logprob_start_len")[i],
-            top_logprobs_num=pick(req.top_logprobs_num, "top_logprobs_num")[i],
-            return_text_in_logprobs=req.return_text_in_logprobs,
-            return_routed_experts=pick(req.return_routed_experts, "return_routed_experts")[i],
-            stream=req.stream,
-        )
-        for i in range(n)
-    ]
-    if req.input_ids is not None:  # validated with the request (in chunks: LongIds), not again in one call
-        for item, prompt in zip(items, prompts):
-            item.input_ids = prompt
-    samples = req.parallel_samples
-    return items if samples == 1 else [sample for item in items for sample in _samples(item, samples)]
-
-
-def _samples(item: GenerateItem, n: int) -> list[GenerateItem]:
-    """The n single-sample items of an n > 1 prompt: rid `{rid}-{j}`, seed + j (mod 2**64) when seeded."""
-    seed = item.sampling.sampling_seed
-    return [item.model_copy(update={"rid": f"{item.rid}-{j}", "sampling": item.sampling.model_copy(
-                update={"n": 1, "sampling_seed": None if seed is None else (seed + j) % (MAX_SEED + 1)})})
-            for j in range(n)]
-
-
 # Responses -------------------------------------------------------------------------------------
 LogprobEntry = list  # [logprob or None, token_id, text or None]
 
@@ -231,19 +177,6 @@ class WeightVersionSpan(BaseModel):
     version: str
     start: int
     end: int
-
-
-def version_spans(versions: list[Any], spans: Optional[list[dict[str, Any]]] = None, offset: int = 0
-                  ) -> list[dict[str, Any]]:
-    """Per-token weight versions -> `weight_versions` spans [{"version", "start", "end"}] (versions as strings).
-    Given `spans` (of the tokens before `offset`), extends them in place with the tokens from `offset` on."""
-    spans = [] if spans is None else spans
-    for i, version in enumerate(map(str, versions), start=offset):
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] = i + 1
-        else:
-            spans.append({"version": version, "start": i, "end": i + 1})
-    return spans
 
 
 class MetaInfo(BaseModel):
@@ -260,64 +193,14 @@ class MetaInfo(BaseModel):
     input_top_logprobs: Optional[list[Optional[list[LogprobEntry]]]] = None
     output_top_logprobs: Optional[list[list[LogprobEntry]]] = None
     routed_experts: Optional[str] = None
-    """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok] (see routed_experts())."""
-
-
-def routed_experts(meta: MetaInfo, num_tokens: int) -> np.ndarray:
-    """SGLang's meta_info.routed_experts -> int32 [num_tokens, layers x top_k] (reshape to [.., layers, top_k]
-    with the model's sizes): the experts each MoE layer sent token t of prompt + output to, for the tokens
-    that went through a forward (a finished request: all but the last output token). This engine writes -1
-    on dense layers; SGLang leaves whatever its buffer holds there."""
-    if meta.routed_experts is None:
-        raise ValueError("the response has no routed_experts: ask with return_routed_experts=True")
-    flat = np.frombuffer(base64.b64decode(meta.routed_experts), dtype=np.int32)
-    if num_tokens <= 0 or flat.size % num_tokens:
-        raise ValueError(f"routed_experts holds {flat.size} expert ids: not a row per token for {num_tokens} tokens")
-    return flat.reshape(num_tokens, -1)
+    """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok]
+    (asyncrl.engine_response.routed_experts decodes it)."""
 
 
 class GenerateResponse(BaseModel):
     text: Optional[str] = None
     output_ids: list[int]
     meta_info: MetaInfo
-
-
-class StreamAccumulator:
-    """Cumulative snapshots from /generate stream events of either SGLang mode. A cumulative event
-    (the default) carries all output so far: it replaces the snapshot. An incremental one
-    (--incremental-streaming-output) carries fewer output_ids than meta_info.completion_tokens: its ids,
-    text, output log-prob entries and weight-version spans extend the snapshot. Only the event itself is
-    validated, so reading an incremental stream costs O(new tokens) per event plus list copies."""
-
-    def __init__(self) -> None:
-        self.snapshot: Optional[GenerateResponse] = None
-
-    def add(self, event: dict[str, Any]) -> GenerateResponse:
-        """-> the snapshot after `event` (a new object: earlier snapshots stay as they were)."""
-        part = GenerateResponse.model_validate(event)
-        if self.snapshot is None or len(part.output_ids) == part.meta_info.completion_tokens:
-            self.snapshot = part
-            return part
-        done, meta = self.snapshot, part.meta_info
-        if len(done.output_ids) + len(part.output_ids) != meta.completion_tokens:
-            raise ValueError(f"stream event of {len(part.output_ids)} new tokens after {len(done.output_ids)} does "
-                             f"not add up to completion_tokens {meta.completion_tokens}")
-        update: dict[str, Any] = {"weight_versions": _join_spans(done.meta_info.weight_versions, meta.weight_versions)}
-        for key in ("output_token_logprobs", "output_top_logprobs"):
-            earlier, new = getattr(done.meta_info, key), getattr(meta, key)
-            if earlier is not None or new is not None:
-                update[key] = (earlier or []) + (new or [])
-        self.snapshot = GenerateResponse.model_construct(
-            text=(done.text or "") + (part.text or ""), output_ids=done.output_ids + part.output_ids,
-            meta_info=meta.model_copy(update=update))
-        return self.snapshot
-
-
-def _join_spans(spans: list[WeightVersionSpan], new: list[WeightVersionSpan]) -> list[WeightVersionSpan]:
-    """Spans of the tokens so far followed by those of the next tokens, merging a version that continues."""
-    if spans and new and spans[-1].version == new[0].version and spans[-1].end == new[0].start:
-        return [*spans[:-1], spans[-1].model_copy(update={"end": new[0].end}), *new[1:]]
-    return [*spans, *new]
 
 
 # Control endpoints -----------------------------------------------------------------------------
@@ -404,14 +287,32 @@ class DestroyWeightsUpdateGroupRequest(_Lenient):
     group_name: str = "weight_update_group"
 
 
-class WeightsUpdateResponse(BaseModel):
+class SuccessResponse(BaseModel):
+    """SGLang's answer to a control call: {"success", "message"} (a refusal too, with success false)."""
+
     success: bool
     message: str
+
+
+class WeightsUpdateResponse(SuccessResponse):
     num_paused_requests: int = 0
+
+
+class UpdateWeightVersionResponse(SuccessResponse):
+    new_version: str
+
+
+class AbortResponse(BaseModel):
+    success: bool
+    num_aborted: int
 
 
 class StatusResponse(BaseModel):
     status: str = "ok"
+
+
+class WeightVersionResponse(BaseModel):
+    weight_version: str
 
 
 class LoadEntry(BaseModel):
@@ -426,3 +327,27 @@ class LoadEntry(BaseModel):
 
 class LoadsResponse(BaseModel):
     loads: list[LoadEntry]
+
+
+class RankLoad(BaseModel):
+    """One entry of GET /get_load: what sglang-router polls for its load-aware policies."""
+
+    dp_rank: int = 0
+    num_reqs: int
+    """Running plus waiting requests."""
+    num_waiting_reqs: int
+    num_tokens: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "asyncrl"
+    root: str
+
+
+class ModelList(BaseModel):
+    """GET /v1/models (OpenAI's shape): the one served model."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

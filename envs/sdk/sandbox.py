@@ -10,14 +10,14 @@ episode: a fresh directory plus a way to run commands in it under limits. Backen
 - `local_unsafe` (envs.sdk.sandbox_local): a plain subprocess with rlimits and a timeout. NO
   isolation: only for operators who opt in explicitly on machines without namespaces.
 
-A dotted path `package.module:Class` selects a backend written elsewhere.
+An import path (`package.module:Class` or `package.module.Class`, asyncrl/plugins.py) selects a backend
+written elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import io
 import os
 import tarfile
@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncContextManager, Callable, Mapping, Optional, Sequence, Union
 
-SANDBOX_BACKENDS = {
+from asyncrl.plugins import load_plugin
+
+SANDBOX_BACKENDS: dict[str, str] = {
     "namespace": "envs.sdk.sandbox_namespace:NamespaceBackend",
     "local_unsafe": "envs.sdk.sandbox_local:LocalUnsafeBackend",
 }
+"""Sandbox `type` built-ins -> import path of their SandboxBackend (asyncrl/plugins.py)."""
 
 Command = Union[str, Sequence[str]]
 """A shell script (run by bash -c) or an argv list."""
@@ -49,7 +52,7 @@ class SandboxError(OSError):
 @dataclass
 class SandboxConfig:
     type: str = "namespace"
-    """`namespace` (isolated, Linux + root), `local_unsafe` (no isolation, explicit opt-in) or module:Class."""
+    """`namespace` (isolated, Linux + root), `local_unsafe` (no isolation, explicit opt-in) or an import path."""
     root_dir: Optional[str] = None
     """Where episode directories are created; None = a fresh temporary directory per service."""
     command_timeout_s: float = 30.0
@@ -185,12 +188,8 @@ def dir_name(name: str) -> str:
 
 
 def make_sandbox_backend(config: SandboxConfig) -> SandboxBackend:
-    """The backend registered under config.type (or the module:Class it names)."""
-    target = SANDBOX_BACKENDS.get(config.type, config.type)
-    if ":" not in target:
-        raise ValueError(f"unknown sandbox type {config.type!r}; known: {sorted(SANDBOX_BACKENDS)} or module:Class")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    """The backend `config.type` names (a built-in or the import path of a SandboxBackend)."""
+    return load_plugin(SANDBOX_BACKENDS, config.type, "sandbox type")(config)
 
 
 async def _collect(proc: asyncio.subprocess.Process, stdin: Optional[bytes], *, cap: int, timeout_s: float,

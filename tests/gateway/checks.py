@@ -40,13 +40,14 @@ async def assert_engine_replays(engine_url: str, segment: dict[str, Any], sampli
             assert (got - torch.tensor(segment["rollout_logprobs"][start:end])).abs().max() <= 1e-5
 
 
-NEAR_TIE_MARGIN, NEAR_TIE_BOUND = 1e-5, 0.2
+NEAR_TIE_MARGIN, NEAR_TIE_BOUND = 3e-5, 0.2
 """DSA near ties (docs/model.md, "Near ties"): in contexts longer than index_topk, a query whose k-th and
 (k+1)-th index scores are within fp32 rounding may select different keys in cached decode than in teacher
 forcing; its log-prob moves (at most 0.1 measured) and later tokens that attend to it inherit a smaller
-change. A relative margin below NEAR_TIE_MARGIN counts as a near tie (measured onsets: ~4e-7; 0.2% of
-queries fall below 1e-5). A wrong record (misaligned, wrong weights, tokens dropped or repeated) differs
-from its first affected token on, with no near tie there."""
+change. A relative margin below NEAR_TIE_MARGIN counts as a near tie (bench/results/logprob_mismatch.md:
+all 19 measured onsets lie below 7.2e-6, while 1.5% of all queries lie below 3e-5). A wrong record
+(misaligned, wrong weights, tokens dropped or repeated) differs from its first affected token on, with no
+near tie there."""
 
 
 def assert_teacher_forced(model, segment: dict[str, Any], tolerance: float = 1e-5) -> float:

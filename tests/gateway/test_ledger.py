@@ -4,7 +4,7 @@ import pytest
 
 from asyncrl.protocols.gateway import ChatCompletionRequest, CreateSessionRequest
 from gateway.openai_api import ChatReply
-from gateway.session import EngineCall, PrefixInvariantError, Session
+from gateway.session_ledger import EngineCall, PrefixInvariantError, Session
 from tests.gateway.scripted import CONTENT, TOOLS, reply_ids
 
 

@@ -128,5 +128,5 @@ def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
     strict = make_backend(RolloutConfig(backend="sglang", sglang_args=["--enable-deterministic-inference"]))
     with pytest.raises(RuntimeError, match="refuses --enable-deterministic-inference with the dsa"):
         strict.check_available()
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="rollout.backend 'vllm' not in"):
         make_backend(RolloutConfig(backend="vllm"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from asyncrl.protocols.engine import GenerateItem, GenerateResponse, SamplingParams, StreamAccumulator
+from asyncrl.engine_response import StreamAccumulator
+from asyncrl.protocols.engine import GenerateItem, GenerateResponse, SamplingParams
 from asyncrl.tokenizer import load_tokenizer
 from rollout.request import Req
 from rollout.response import StreamView, response_body

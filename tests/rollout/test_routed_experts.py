@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from asyncrl.engine_client import EngineClient
-from asyncrl.protocols.engine import GenerateResponse, routed_experts
+from asyncrl.engine_response import routed_experts
+from asyncrl.protocols.engine import GenerateResponse
 from tests.rollout.conftest import assert_routing_replays, start_engine
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 
 from asyncrl.config import MegatronConfig, TrainerConfig, load_model_section
 from tests.trainer.megatron_helpers import SEED, make_micro_batches, normalizer_of, with_replayed_routing
-from trainer.backends.megatron_backend import MegatronBackend
+from trainer.backends.megatron.backend import MegatronBackend
 
 LAYOUTS = {"tp2": MegatronConfig(tensor_parallel=2), "ep2": MegatronConfig(expert_parallel=2)}
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from asyncrl.config import LossConfig
+from asyncrl.plugins import load_object
 from trainer.losses import (LOSSES, LossInputs, aggregate, build_loss, direct_double_sided_is_loss,
                             icepop_ppo_loss)
 
@@ -213,7 +214,7 @@ def test_registry_builds_the_configured_loss():
     assert torch.equal(loss, expected)
 
     icepop = build_loss(LossConfig(type="icepop_ppo", aggregation="sequence", icepop_beta=3.0))
-    assert icepop.needs_old_logprobs and not LOSSES["direct_double_sided_is"].needs_old_logprobs
+    assert icepop.needs_old_logprobs and not load_object(LOSSES["direct_double_sided_is"]).needs_old_logprobs
     with pytest.raises(ValueError, match="needs old_logprobs"):
         icepop(inputs)
     old = logprobs.detach() + 0.05

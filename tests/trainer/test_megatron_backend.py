@@ -44,7 +44,7 @@ def reference(section, micro_batches):
 
 
 def new_backend(section, cfg: TrainerConfig = CFG):
-    from trainer.backends.megatron_backend import MegatronBackend
+    from trainer.backends.megatron.backend import MegatronBackend
 
     return MegatronBackend(cfg, section, seed=SEED)
 
@@ -55,7 +55,7 @@ def backend(section):
 
 
 def test_hf_megatron_conversion_round_trips_every_tensor(section):
-    from trainer.backends.megatron_convert import hf_to_megatron, megatron_to_hf
+    from trainer.backends.megatron.hf_weights import hf_to_megatron, megatron_to_hf
 
     hf = checkpoint_tensors(Glm5ForCausalLM.from_config(section.arch, seed=SEED))
     full = hf_to_megatron(hf)

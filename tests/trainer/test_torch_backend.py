@@ -171,7 +171,7 @@ def test_reset_optimizer_drops_the_moments(tiny_section, groups):
 def test_registry_imports_only_the_chosen_backend(tiny_section):
     assert set(BACKENDS) == {"torch", "megatron"}
     backend(tiny_section)
-    assert "trainer.backends.megatron_backend" not in sys.modules
+    assert "trainer.backends.megatron.backend" not in sys.modules
     with pytest.raises(ValueError, match="trainer.backend 'jax' not in"):
         make_backend(TrainerConfig(backend="jax"), tiny_section)
 

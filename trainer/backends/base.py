@@ -13,7 +13,6 @@ which executes the leader's calls until the leader calls `close()`.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ import torch
 
 from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.config import ModelConfig
+from asyncrl.plugins import load_plugin
+from trainer.backends.leader import announce
 from trainer.packing import MicroBatch
 
 
@@ -77,21 +78,24 @@ class TrainerBackend(ABC):
     def load_checkpoint(self, path: Path) -> None:
         """Restore what `save_checkpoint` wrote (path visible to every rank)."""
 
-    @abstractmethod
     def reset_optimizer(self) -> None:
-        """Drop optimizer moments (the GLM-5 paper's default after each weight push)."""
+        """Drop optimizer moments (the GLM-5 paper's default after each weight push), on every rank."""
+        announce("reset_optimizer")
+        self._reset_optimizer()
+
+    @abstractmethod
+    def _reset_optimizer(self) -> None:
+        """This rank's reset (followers run it when the leader announces `reset_optimizer`)."""
 
 
 BACKENDS: dict[str, str] = {
     "torch": "trainer.backends.torch_backend:TorchBackend",
-    "megatron": "trainer.backends.megatron_backend:MegatronBackend",
+    "megatron": "trainer.backends.megatron.backend:MegatronBackend",
 }
-"""`trainer.backend` -> "module:Class" of a TrainerBackend, imported only when chosen."""
+"""`trainer.backend` built-ins -> import path of their TrainerBackend (asyncrl/plugins.py)."""
 
 
 def make_backend(cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> TrainerBackend:
-    """The backend `cfg.backend` names (its module is imported now, so megatron only when chosen)."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"trainer.backend {cfg.backend!r} not in {sorted(BACKENDS)}")
-    module, name = BACKENDS[cfg.backend].split(":")
-    return getattr(importlib.import_module(module), name)(cfg, model, seed)
+    """The backend `cfg.backend` names, a built-in or an import path (its module is imported now, so
+    megatron only when chosen)."""
+    return load_plugin(BACKENDS, cfg.backend, "trainer.backend")(cfg, model, seed)

@@ -159,10 +159,6 @@ class TorchBackend(TrainerBackend):
                                             with_entropy=False, routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
         return out.logprobs.float().cpu()
 
-    def reset_optimizer(self) -> None:
-        announce("reset_optimizer")
-        self._reset_optimizer()
-
     def _reset_optimizer(self) -> None:
         self.optimizer = self._new_optimizer()
 

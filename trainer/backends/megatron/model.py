@@ -7,7 +7,7 @@ The flags below make megatron compute what transformers' `glm_moe_dsa` computes;
 megatron cannot express are listed in docs/megatron.md ("What differs").
 
 Local (non-Transformer-Engine) modules are used, so the same model runs on CPU (with
-megatron_cpu_shims) and on GPUs without TE.
+cpu_shims) and on GPUs without TE.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     check_supported(arch, parallel)
-    freq, offset = indexer_share_schedule(arch.layer_indexer_types)
     return MLATransformerConfig(
         num_layers=arch.num_hidden_layers,
         hidden_size=arch.hidden_size,
@@ -62,7 +61,15 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         init_method_std=arch.initializer_range,
         **_rope_fields(arch),
         apply_rope_fusion=False,
-        # MoE: sigmoid router in fp32, bias-corrected choice, group-limited, normalised x scaling
+        **_moe_fields(arch, parallel),
+        **_dsa_fields(arch),
+        **_parallel_fields(parallel, dtype, recompute),
+    )
+
+
+def _moe_fields(arch: ModelConfig, parallel: ParallelSizes) -> dict:
+    """MoE: sigmoid router in fp32, bias-corrected choice, group-limited, normalised x scaling."""
+    return dict(
         num_moe_experts=arch.n_routed_experts,
         moe_ffn_hidden_size=arch.moe_intermediate_size,
         moe_shared_expert_intermediate_size=arch.moe_intermediate_size * arch.n_shared_experts or None,
@@ -80,7 +87,13 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         moe_aux_loss_coeff=0.0,
         moe_token_dispatcher_type="alltoall" if parallel.expert > 1 else "allgather",
         moe_grouped_gemm=False,
-        # DSA: GLM-5 indexer (interleaved RoPE, ReLU scores, no Hadamard rotation, eps 1e-6 k_norm)
+    )
+
+
+def _dsa_fields(arch: ModelConfig) -> dict:
+    """DSA: GLM-5 indexer (interleaved RoPE, ReLU scores, no Hadamard rotation, eps 1e-6 k_norm)."""
+    freq, offset = indexer_share_schedule(arch.layer_indexer_types)
+    return dict(
         experimental_attention_variant="dsa",
         dsa_indexer_n_heads=arch.index_n_heads,
         dsa_indexer_head_dim=arch.index_head_dim,
@@ -92,7 +105,12 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         dsa_indexer_rotate_activation=False,
         dsa_indexer_scoring_relu=True,
         dsa_indexer_k_norm_epsilon=INDEXER_K_NORM_EPS,
-        # parallelism and precision
+    )
+
+
+def _parallel_fields(parallel: ParallelSizes, dtype: torch.dtype, recompute: bool) -> dict:
+    """Parallelism and precision."""
+    return dict(
         tensor_model_parallel_size=parallel.tensor,
         expert_model_parallel_size=parallel.expert,
         expert_tensor_parallel_size=1,  # experts are whole on their EP rank (no TP split inside an expert)
@@ -100,7 +118,7 @@ def transformer_config(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
-        perform_initialization=False,  # weights always come from an HF state dict (megatron_convert)
+        perform_initialization=False,  # weights always come from an HF state dict (hf_weights)
         transformer_impl="local",
         calculate_per_token_loss=True,  # DDP sums gradients; the loss already carries the step normalizer
         **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}),
@@ -248,7 +266,7 @@ def decoder_block_spec(config):
 
 def build_gpt_model(arch: ModelConfig, parallel: ParallelSizes, dtype: torch.dtype,
                     device: Optional[torch.device] = None, recompute: bool = False):
-    """The megatron GPTModel of `arch` (uninitialised weights: load them with megatron_convert)."""
+    """The megatron GPTModel of `arch` (uninitialised weights: load them with hf_weights)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     config = transformer_config(arch, parallel, dtype, recompute)

@@ -26,11 +26,8 @@ import numpy as np
 from asyncrl.chat_template import GlmChatTemplate, appended_messages
 from asyncrl.protocols.gateway import (CreateSessionRequest, SegmentRecord, SessionRecord, SessionStatus,
                                        TurnRecord)
+from gateway.errors import SessionClosedError
 from gateway.sampling import logprob_temperature
-
-
-class SessionClosedError(RuntimeError):
-    """409: the session is finished or aborted; no more turns."""
 
 
 class PrefixInvariantError(RuntimeError):

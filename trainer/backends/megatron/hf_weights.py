@@ -1,7 +1,7 @@
 """HF <-> megatron weight conversion for GLM-5, both ways, for any tensor / expert parallel layout.
 
 HF names are transformers' GlmMoeDsaForCausalLM safetensors names (asyncrl.model.io
-`checkpoint_tensors` / `load_weights`); megatron names are the GPTModel built by megatron_model.
+`checkpoint_tensors` / `load_weights`); megatron names are the GPTModel built by model.py.
 
 Layouts are the same except two things:
 * SwiGLU: HF keeps gate_proj and up_proj; megatron one linear_fc1 = [gate; up] (dense MLP, shared
@@ -161,7 +161,7 @@ def global_name(local_name: str, experts_per_rank: int, ranks: Ranks) -> str:
 
 
 def is_tp_sharded(name: str, param: torch.Tensor, ranks: Ranks) -> bool:
-    """Routed experts are never TP-split (megatron_model sets expert_tensor_parallel_size=1)."""
+    """Routed experts are never TP-split (model.py sets expert_tensor_parallel_size=1)."""
     return getattr(param, "tensor_model_parallel", False) and ranks.tp_size > 1 and "local_experts." not in name
 
 

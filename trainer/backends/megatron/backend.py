@@ -1,8 +1,8 @@
 """The megatron backend: GLM-5 on megatron-core (MLA + DSA + MoE modules, DDP, optimizer, TP/EP).
 
-Weights enter and leave as HF state dicts (megatron_convert), so this backend starts from the same
+Weights enter and leave as HF state dicts (hf_weights), so this backend starts from the same
 checkpoint (or the same seeded random init) as the torch backend and pushes the same tensors to the
-engines. Per step: every micro-batch runs forward (vocab-parallel log-probs, megatron_logprobs) and
+engines. Per step: every micro-batch runs forward (vocab-parallel log-probs: logprobs.py) and
 backward into megatron DDP's grad buffers; `finalize_model_grads` reduces them (data parallel, and the
 sequence-parallel norms over TP); the megatron optimizer clips and steps, unless the grad norm is not
 finite. Loss terms share the step-wide `normalizer` and DDP sums (calculate_per_token_loss), so the
@@ -11,7 +11,7 @@ gradient is the single-process one whatever the parallel layout.
 Processes: one (a private process group), or several under torchrun where tensor x expert parallel
 ranks come from `trainer.megatron`. The RL loop runs on rank 0; other ranks call `follow()` and execute
 the leader's calls (it broadcasts them with their micro-batches). On a CPU-only host the CUDA calls
-megatron makes are redirected by megatron_cpu_shims.
+megatron makes are redirected by cpu_shims.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import FP32_TENSORS, dtype_from_name, read_tensors
 from asyncrl.model.model import Glm5ForCausalLM
-from trainer.backends import megatron_cpu_shims
+from trainer.backends.megatron import cpu_shims
 from trainer.backends.base import StepResult, TrainerBackend
 from trainer.backends.data_parallel import shard_by_tokens
 from trainer.backends.leader import STOP, announce, follow_leader
@@ -45,9 +45,9 @@ INDEXER = ".core_attention.indexer."
 class MegatronBackend(TrainerBackend):
     def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
         super().__init__(cfg, model, seed)
-        megatron_cpu_shims.install()
-        from trainer.backends.megatron_convert import Ranks
-        from trainer.backends.megatron_model import ParallelSizes
+        cpu_shims.install()
+        from trainer.backends.megatron.hf_weights import Ranks
+        from trainer.backends.megatron.model import ParallelSizes
 
         if not cfg.freeze_indexer:
             raise ValueError("megatron backend: only freeze_indexer=true is supported (RL keeps the DSA indexer "
@@ -66,8 +66,8 @@ class MegatronBackend(TrainerBackend):
 
     def _build_model(self, hf: dict[str, Tensor]) -> torch.nn.Module:
         """This rank's shards of the GPTModel, holding the HF weights; the indexer frozen."""
-        from trainer.backends.megatron_convert import load_hf_weights
-        from trainer.backends.megatron_model import build_gpt_model
+        from trainer.backends.megatron.hf_weights import load_hf_weights
+        from trainer.backends.megatron.model import build_gpt_model
 
         module = build_gpt_model(self.arch, self.parallel, self.compute_dtype, self.device, self.cfg.grad_checkpointing)
         load_hf_weights(module, hf, self.ranks)
@@ -78,7 +78,7 @@ class MegatronBackend(TrainerBackend):
 
     def _routing_replay(self):
         from megatron.core import parallel_state as ps
-        from trainer.backends.megatron_routing import RoutingReplay
+        from trainer.backends.megatron.routing_replay import RoutingReplay
 
         return RoutingReplay(self.model, self.arch, ps.get_tensor_model_parallel_rank(),
                              ps.get_tensor_model_parallel_world_size())
@@ -93,7 +93,7 @@ class MegatronBackend(TrainerBackend):
             bf16=self.compute_dtype == torch.bfloat16, params_dtype=self.compute_dtype,
             use_distributed_optimizer=False,
         )
-        with megatron_cpu_shims.cuda_on_cpu():
+        with cpu_shims.cuda_on_cpu():
             return get_megatron_optimizer(config, [self.model])
 
     # Leader / followers --------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class MegatronBackend(TrainerBackend):
         finalize_model_grads([self.model])
         if ps.get_data_parallel_world_size() > 1:
             dist.all_reduce(totals, group=ps.get_data_parallel_group())
-        with megatron_cpu_shims.cuda_on_cpu():
+        with cpu_shims.cuda_on_cpu():
             self.optimizer.prepare_grads()
             grad_norm = float(self.optimizer.get_grad_norm())
             finite = math.isfinite(grad_norm)
@@ -166,7 +166,7 @@ class MegatronBackend(TrainerBackend):
         """-> (forward(with_entropy) of the micro-batch, the routing replay it runs under: the
         micro-batch's routing if it carries one)."""
         from megatron.core import parallel_state as ps
-        from trainer.backends.megatron_logprobs import pack_for_megatron, token_logprobs
+        from trainer.backends.megatron.logprobs import pack_for_megatron, token_logprobs
 
         packed = pack_for_megatron(mb, self.parallel.tensor, self.device)
 
@@ -187,10 +187,6 @@ class MegatronBackend(TrainerBackend):
         with self._replaying(micro_batch) as (forward, _):
             return forward(False).logprobs.float().cpu()
 
-    def reset_optimizer(self) -> None:
-        announce("reset_optimizer")
-        self._reset_optimizer()
-
     def _reset_optimizer(self) -> None:
         """Adam's moments and step counts start over; the fp32 master weights stay. Building a new
         optimizer instead would re-create the masters from the model's bf16 parameters, rounding away,
@@ -207,7 +203,7 @@ class MegatronBackend(TrainerBackend):
         return self._gather_hf()
 
     def _gather_hf(self) -> dict[str, Tensor]:
-        from trainer.backends.megatron_convert import gather_hf_weights
+        from trainer.backends.megatron.hf_weights import gather_hf_weights
 
         tensors = gather_hf_weights(self.model.module, self.ranks)
         tensors = {name: t.to(torch.float32 if name.endswith(FP32_TENSORS) else self.compute_dtype)
@@ -238,13 +234,13 @@ class MegatronBackend(TrainerBackend):
         self._load_checkpoint(str(path))
 
     def _load_checkpoint(self, path: str) -> None:
-        from trainer.backends.megatron_convert import load_hf_weights
+        from trainer.backends.megatron.hf_weights import load_hf_weights
 
         hf = read_tensors(Path(path) / "model")
         self.mtp_tensors = {name: hf.pop(name) for name in list(hf) if is_mtp(name, self.arch)}
         load_hf_weights(self.model.module, hf, self.ranks)
         state = torch.load(Path(path) / f"optimizer_rank{_rank()}.pt", map_location=self.device, weights_only=False)
-        with megatron_cpu_shims.cuda_on_cpu():
+        with cpu_shims.cuda_on_cpu():
             self.optimizer.load_state_dict(state)
 
 
@@ -302,7 +298,7 @@ def _wrap_ddp(module: torch.nn.Module):
     module.config.finalize_model_grads_func = finalize_model_grads  # else DP grads are never reduced
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
-    with megatron_cpu_shims.cuda_on_cpu():
+    with cpu_shims.cuda_on_cpu():
         return DistributedDataParallel(config=module.config, ddp_config=ddp_config, module=module)
 
 
