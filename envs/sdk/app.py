@@ -37,20 +37,7 @@ def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain
                        error_body=_error_body, open_prefixes=OPEN_PATHS)
     if section is not None:
         install_server_info(app, section)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [_field(err) for err in exc.errors()]
-        details = "; ".join(f"{f}: {err['msg']}" for f, err in zip(fields, exc.errors()))
-        return _error(422, f"invalid request: {details}", fields)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:  # 413 of a chunked body
-        return _error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(AdmissionError)
-    async def refused(_: Request, exc: AdmissionError) -> JSONResponse:
-        return _error(exc.status_code, str(exc))
+    _install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> HealthResponse:
@@ -90,6 +77,24 @@ def create_app(runner: EpisodeRunner, metrics: ServiceMetrics, name: str, domain
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in the protocol's error shape: invalid fields (422, naming them), HTTP errors, admission."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [_field(err) for err in exc.errors()]
+        details = "; ".join(f"{f}: {err['msg']}" for f, err in zip(fields, exc.errors()))
+        return _error(422, f"invalid request: {details}", fields)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:  # 413 of a chunked body
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(AdmissionError)
+    async def refused(_: Request, exc: AdmissionError) -> JSONResponse:
+        return _error(exc.status_code, str(exc))
 
 
 async def _cancel_on_disconnect(request: Request, runner: EpisodeRunner, episode_id: str) -> None:
