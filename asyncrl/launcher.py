@@ -287,12 +287,14 @@ class Job:
             self.cfg.seed, tokenizer)
         self.engines.urls()
 
-    def _service(self, name: str, module: str, args: list[str], env: Optional[dict[str, str]] = None) -> str:
+    def _service(self, name: str, module: str, args: list[str], env: Optional[dict[str, str]] = None,
+                 port: int = 0) -> str:
+        """A supervised `python -m module args` in a Ray actor, bound to `port` (0: a free one) -> its URL."""
         import ray
 
         actor = ray.remote(ServiceActor).options(name=f"{self.cfg.name}-{name}", num_cpus=0, max_restarts=-1,
                                                  max_task_retries=3, max_concurrency=4)
-        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env)
+        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env, port)
         self.services[name] = handle
         return ray.get(handle.url.remote(), timeout=300)
 
@@ -300,7 +302,7 @@ class Job:
         args = write_config(self.run_dir, "gateway", gateway_section(self.cfg, self.redis_url, self.engines.urls()))
         env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token),
                **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
-        return self._service("gateway", self.cfg.components.gateway, args, env)
+        return self._service("gateway", self.cfg.components.gateway, args, env, self.cfg.gateway.port)
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
@@ -308,7 +310,7 @@ class Job:
                **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token),
                **_token_env(SERVICE_TOKEN_ENV, cfg.envs.auth_token)}
         args = write_config(self.run_dir, "orchestrator", orchestrator_section(cfg, self.redis_url, gateway))
-        return self._service("orchestrator", cfg.components.orchestrator, args, env)
+        return self._service("orchestrator", cfg.components.orchestrator, args, env, cfg.orchestrator.port)
 
     def _start_env(self, env: EnvServiceConfig, replica: int, orchestrator: Optional[str]) -> str:
         """One replica of an env service, from its section (<run_dir>/config/env-<name>.json); it registers

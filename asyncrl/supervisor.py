@@ -7,7 +7,7 @@ weight push). Subclasses say how to launch (`command()`), how to reach it (`url(
 once it serves (`on_serving()`, e.g. publish the URL). When the hosting actor dies, its children die with
 it (asyncrl.process), and Ray's actor restart runs __init__ again: the same recovery path.
 
-`ServiceActor` is the generic case: `python -m <module> <args> --port 0 --url-file F` (gateway,
+`ServiceActor` is the generic case: `python -m <module> <args> --port P --url-file F` (gateway,
 orchestrator, env services all follow that convention).
 """
 
@@ -133,12 +133,13 @@ class Supervisor(ABC):
 
 
 class ServiceActor(Supervisor):
-    """`python -m module args... --port 0 --url-file F`: the URL is read from the file at each start."""
+    """`python -m module args... --port P --url-file F`: the URL is read from the file at each start. Port 0
+    binds a free port (its URL changes at a restart); a fixed port restarts the service where it was."""
 
     def __init__(self, name: str, module: str, args: list[str], work_dir: str, env: Optional[dict[str, str]] = None,
-                 **supervisor_options: Any) -> None:
+                 port: int = 0, **supervisor_options: Any) -> None:
         super().__init__(name, work_dir, **supervisor_options)
-        self.module, self.args, self.env = module, list(args), dict(env or {})
+        self.module, self.args, self.env, self.port = module, list(args), dict(env or {}), port
         self._url: Optional[str] = None
         self.start()
 
@@ -151,7 +152,7 @@ class ServiceActor(Supervisor):
         self.url_file.unlink(missing_ok=True)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", self.module, *self.args, "--port", "0", "--url-file", str(self.url_file)]
+        return [sys.executable, "-m", self.module, *self.args, "--port", str(self.port), "--url-file", str(self.url_file)]
 
     def environment(self) -> dict[str, str]:
         return self.env

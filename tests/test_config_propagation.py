@@ -11,6 +11,7 @@ is given one (FIXED), with the reason.
 
 from __future__ import annotations
 
+import socket
 import typing
 from dataclasses import fields, is_dataclass, replace
 from types import SimpleNamespace
@@ -23,12 +24,20 @@ from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, Orchest
 from asyncrl.launcher import Job, gateway_section
 from tests.services import ServiceProcess
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 ENGINE_URL = "http://127.0.0.1:9/engine"
 """No engine serves there: the gateway only has to hold it in its config."""
 
 FIXED: dict[str, Any] = {
     "gateway.host": "localhost",  # an address of this machine, other than the default 127.0.0.1
     "orchestrator.host": "localhost",
+    "gateway.port": free_port(),  # a port that is free (default 0: any free port)
+    "orchestrator.port": free_port(),
     "gateway.tokenizer": "builtin:tiny",  # a tokenizer the gateway can load (default None: the model's)
     "env.target": "tests.orchestrator.timed_env.TimedEnv",  # an env class that exists (no default)
     "env.options": {"sleep_s": 0.05, "num_tasks": 3},  # keyword arguments the class takes
@@ -41,9 +50,6 @@ FIXED: dict[str, Any] = {
 }
 
 LAUNCHER_FILLS: dict[str, Callable[[RunConfig, dict], Any]] = {
-    # The supervisor starts every service with --port 0 and publishes the bound URL.
-    "gateway.port": lambda cfg, urls: 0,
-    "orchestrator.port": lambda cfg, urls: 0,
     "gateway.redis_url": lambda cfg, urls: urls["redis"],
     "gateway.run_name": lambda cfg, urls: cfg.name,
     "gateway.engine_urls": lambda cfg, urls: [ENGINE_URL],  # the engines the launcher started
@@ -141,7 +147,7 @@ def test_every_field_differs_from_its_default():
 def test_the_check_names_a_field_the_launcher_drops():
     cfg = run_config()
     urls = {"redis": "redis://127.0.0.1:1", "gateway": "http://gw"}
-    dropped = replace(gateway_section(cfg, urls["redis"], [ENGINE_URL]), max_interruptions=8, port=0)
+    dropped = replace(gateway_section(cfg, urls["redis"], [ENGINE_URL]), max_interruptions=8)
     assert [line.split(":")[0] for line in not_arrived(expected("gateway", cfg.gateway, cfg, urls),
                                                        section_data(dropped, redact=True))] == ["max_interruptions"]
 
@@ -150,8 +156,8 @@ def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
     cfg = run_config()
     job, started = Job(cfg, tmp_path, redis_server.url), []
 
-    def service(name: str, module: str, args: list[str], env=None) -> str:  # the supervisor's command, no Ray
-        started.append(ServiceProcess(module, args, tmp_path, name=name, env=env))
+    def service(name: str, module: str, args: list[str], env=None, port: int = 0) -> str:  # the supervisor, no Ray
+        started.append(ServiceProcess(module, args, tmp_path, name=name, env=env, port=port))
         return started[-1].url
 
     job._service = service
