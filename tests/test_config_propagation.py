@@ -1,4 +1,4 @@
-"""Every config field of the gateway, the orchestrator and an env service reaches the running service.
+"""Every config field of the gateway, the orchestrator, an env service and the engines reaches the running service.
 
 Each field of their sections is set to a value other than its default (generated from the dataclass
 fields, so a field added later is covered at once), the services are started the way the launcher
@@ -12,6 +12,7 @@ is given one (FIXED), with the reason.
 from __future__ import annotations
 
 import socket
+import time
 import typing
 from dataclasses import fields, is_dataclass, replace
 from types import SimpleNamespace
@@ -180,3 +181,66 @@ def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
     finally:
         codes = [proc.stop() for proc in reversed(started)]
     assert codes == [0] * len(started), [proc.log() for proc in started]
+
+
+ENGINE_VALUES: dict[str, tuple[Any, str, Any]] = {
+    # RolloutConfig field: (a value, the engine's server_info key that shows it, what it should say there);
+    # each value differs from the engine's own default, so a flag the backend forgot shows.
+    "max_running_requests": (17, "max_running_requests", 17),
+    "max_total_tokens": (20000, "max_total_tokens", 20000),
+    "chunked_prefill_size": (96, "chunked_prefill_size", 96),
+    "num_cpus_per_engine": (2.0, "num_threads", 2),
+    "incremental_streaming_output": (True, "incremental_streaming_output", True),
+    "routing_replay": (True, "enable_return_routed_experts", True),
+    "cpu_args": (["--served-model-name", "propagated"], "served_model_name", "propagated"),
+}
+NOT_FOR_THE_ENGINE_PROCESS = {
+    "backend": "the engine actor: which EngineBackend builds the command (tests/rollout/test_actor.py)",
+    "num_engines": "the launcher: how many engine actors (tests/test_e2e_run.py runs two)",
+    "num_gpus_per_engine": "Ray: each engine actor's GPU resources",
+    "health_check_interval_s": "the engine actor's supervisor, which probes the engine",
+    "health_check_timeout_s": "the engine actor's supervisor, which probes the engine",
+    "sglang_args": "the SGLang backend's command only (tests/rollout/test_actor.py)",
+    "sampling": "the orchestrator's section (test_every_field_of_every_service_section_arrives)",
+    "api_key": "by environment ($ASYNCRL_ENGINE_API_KEY): checked below by the engine's 401",
+}
+
+
+def test_every_engine_setting_reaches_the_engine(tmp_path, tiny_checkpoint):
+    """The engine takes SGLang's command line, which the rollout backend builds from RolloutConfig in the
+    engine actor (rollout/backends.py): launch that command and read the engine's /server_info."""
+    from asyncrl.process import spawn, terminate
+    from rollout.backends import CpuBackend, LaunchSpec
+
+    named = set(ENGINE_VALUES) | set(NOT_FOR_THE_ENGINE_PROCESS)
+    assert {f.name for f in fields(RolloutConfig)} == named, "classify each RolloutConfig field here"
+    cfg = RolloutConfig(api_key="engine-key", **{name: value for name, (value, _, _) in ENGINE_VALUES.items()})
+    backend, port = CpuBackend(cfg), free_port()
+    spec = LaunchSpec(model_path=str(tiny_checkpoint), host="127.0.0.1", port=port, weight_version="7",
+                      log_path=tmp_path / "engine.log", seed=5)
+    proc = spawn(backend.command(spec), spec.log_path, backend.environment())
+    url, key = f"http://127.0.0.1:{port}", {"Authorization": "Bearer engine-key"}
+    try:
+        info = _wait_for_server_info(url, key, proc, spec.log_path)
+        assert httpx.get(f"{url}/server_info", timeout=30).status_code == 401  # the key arrived too
+        want = {"weight_version": "7", "random_seed": 5,
+                **{key_: shown for _, key_, shown in ENGINE_VALUES.values()}}
+        missing = [f"{k}: configured {v!r}, the engine has {info.get(k, '<missing>')!r}"
+                   for k, v in want.items() if info.get(k, "<missing>") != v]
+        assert missing == [], "settings that did not reach the engine:\n" + "\n".join(missing)
+    finally:
+        terminate(proc, 30)
+
+
+def _wait_for_server_info(url: str, headers: dict, proc, log_path, timeout_s: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            reply = httpx.get(f"{url}/server_info", headers=headers, timeout=5)
+            if reply.status_code == 200:
+                return reply.json()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the engine did not serve within {timeout_s} s: {log_path.read_text()[-2000:]}")
