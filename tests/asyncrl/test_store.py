@@ -1,3 +1,5 @@
+"""The Redis data model (docs/protocols/store.md) as asyncrl/store.py implements it, against a real redis-server."""
+
 import asyncio
 import os
 import signal

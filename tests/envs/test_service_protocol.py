@@ -1,5 +1,6 @@
-"""The env-service protocol as served by the SDK (a real `python -m envs.serve` process): endpoints,
-capacity (429), cancellation, deadlines, failures, bad requests, disconnects."""
+"""The env-service protocol (docs/protocols/env-service.md) as served by the SDK (a real
+`python -m envs.serve` process): endpoints, capacity (429), cancellation, deadlines, failures, bad
+requests, disconnects."""
 
 import asyncio
 import re

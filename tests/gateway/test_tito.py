@@ -1,5 +1,6 @@
 """Token-in-token-out through real gateways and engines: the record is exactly what the model saw
-and said, the loss mask marks exactly its tokens, the log-probs are the model's."""
+and said, the loss mask marks exactly its tokens, the log-probs are the model's (docs/protocols/gateway.md,
+"Token-in-token-out rules")."""
 
 import numpy as np
 

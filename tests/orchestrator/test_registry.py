@@ -1,5 +1,6 @@
 """The env registry over HTTP and the CLI: self-registration with heartbeats, operator registration
-with /health probes, listing, removal, bearer tokens, and errors that name what is wrong."""
+with /health probes, listing, removal, bearer tokens, and errors that name what is wrong
+(docs/protocols/orchestrator.md)."""
 
 import os
 import subprocess

@@ -1,4 +1,5 @@
-"""The built-in engine against engine.md: every endpoint, over real HTTP, checked against the model."""
+"""The built-in engine against its contract (docs/protocols/engine.md): every endpoint, over real HTTP,
+checked against the model."""
 
 import asyncio
 from itertools import accumulate
