@@ -8,7 +8,10 @@ Each component reads only its own section.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import textwrap
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -590,6 +593,21 @@ as "<set>" by /server_info; they travel by environment variable (asyncrl.launche
 
 def is_secret(f: Field) -> bool:
     return not f.repr or f.name.endswith(SECRET_SUFFIXES)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal after it in the class body) by field name: what docs
+    readers and the generated flags' --help show. Empty when the class's source cannot be read."""
+    try:
+        [node] = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    except (OSError, TypeError):
+        return {}
+    docs = {}
+    for stmt, after in zip(node.body, node.body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def section_data(section: Any, redact: bool = False) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Iterator, Optional
 
-from asyncrl.config import Section, is_secret, load_section
+from asyncrl.config import Section, field_docs, is_secret, load_section
 
 DEST = "section:"
 """Prefix of the argparse dests of generated flags (kept apart from a service's own flags)."""
@@ -28,9 +28,9 @@ def add_section_flags(parser: argparse.ArgumentParser, cls: type, names: Optiona
     names = names or {}
     parser.add_argument("--config", metavar="FILE", help="the section as JSON (the launcher writes "
                                                          "<run_dir>/config/*.json); the flags below override it")
-    for key, kind in _fields(cls):
+    for key, kind, doc in _fields(cls):
         flag = names.get(key, "--" + key.replace(".", "-").replace("_", "-"))
-        spec: dict[str, Any] = {"dest": DEST + key, "default": argparse.SUPPRESS}
+        spec: dict[str, Any] = {"dest": DEST + key, "default": argparse.SUPPRESS, "help": doc.replace("%", "%%")}
         if is_dataclass(kind):
             if flag in names.values() and key not in names:
                 continue  # its name is taken by one of its fields (e.g. --dynamic-sampling: its `enabled`)
@@ -38,7 +38,7 @@ def add_section_flags(parser: argparse.ArgumentParser, cls: type, names: Optiona
         elif kind is bool:
             spec["action"] = argparse.BooleanOptionalAction
         elif kind is list:
-            spec.update(action="append", metavar="VALUE", help="repeat for each item")
+            spec.update(action="append", metavar="VALUE", help=f"{spec['help']} (repeat for each item)")
         elif kind is dict:
             spec.update(type=_pairs, metavar="K=V,...")
         else:
@@ -70,10 +70,10 @@ def section_from_args(cls: type[Section], args: argparse.Namespace) -> Section:
     return load_section(cls, args.config, overrides)
 
 
-def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted name, kind) of every non-secret field: a nested dataclass (then its own fields), bool,
-    list, dict, or str for every other scalar (load_section converts it)."""
-    hints = typing.get_type_hints(cls)
+def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """(dotted name, kind, docstring) of every non-secret field: a nested dataclass (then its own fields),
+    bool, list, dict, or str for every other scalar (load_section converts it)."""
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for f in fields(cls):
         if is_secret(f):
             continue
@@ -81,10 +81,10 @@ def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
         kind = typing.get_origin(hint) or hint
         key = prefix + f.name
         if is_dataclass(kind):
-            yield key, kind
+            yield key, kind, docs.get(f.name, "")
             yield from _fields(kind, key + ".")
         else:
-            yield key, kind if kind in (bool, list, dict) else str
+            yield key, kind if kind in (bool, list, dict) else str, docs.get(f.name, "")
 
 
 def _unwrap_optional(hint: Any) -> Any:
