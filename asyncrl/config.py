@@ -231,7 +231,8 @@ class OrchestratorConfig:
     sessions: str = "gateway"
     """Plugin (asyncrl/plugins.py), where episodes get their LLM endpoint: `gateway` (a TITO gateway session
     per episode, trajectories recorded), `endpoint` (every episode uses `llm_url` directly, nothing recorded:
-    evaluation, benchmarks), or the import path of a SessionProvider."""
+    evaluation, benchmarks; refused in a training run), or the import path of a SessionProvider. Run alone,
+    the orchestrator picks the built-in by the URL it is given (--gateway or --llm-url)."""
     gateway_url: Optional[str] = None
     """TITO gateway base URL for `sessions: gateway`; the launcher fills it in."""
     gateway_token: Optional[str] = None
@@ -583,6 +584,12 @@ class RunConfig:
     """How long Ray may take to bring a dead trainer back before the run fails."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
     """Which implementation the launcher starts for each component (ComponentsConfig)."""
+
+    def __post_init__(self) -> None:
+        if self.orchestrator.sessions == "endpoint":
+            raise ValueError("orchestrator.sessions=endpoint records no trajectories, so a training run would never "
+                             "step: use `gateway` (the default) or the import path of a SessionProvider that records "
+                             "them; `asyncrl eval` is the command for unrecorded episodes")
 
 
 Section = TypeVar("Section")

@@ -553,8 +553,8 @@ def gateway_section(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> G
 
 def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> OrchestratorConfig:
     """The orchestrator's resolved section (the same in both modes but for the staleness limit): the run's
-    Redis, name, gateway (a training run records every episode: never an llm_url), seed and sampling, the
-    trainer's schedule, and each env's own limits."""
+    Redis, name, gateway (a training run records every episode: never an llm_url; RunConfig refuses
+    sessions=endpoint), seed and sampling, the trainer's schedule, and each env's own limits."""
     o = cfg.orchestrator
     # Staleness rule (AReaL's): group n starts only while n < (version + limit + 1) * groups per version.
     # sync mode is limit 0: one batch per weight version, generated after the previous push.
@@ -562,7 +562,7 @@ def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> Orches
     groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
     # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
     envs = cfg.envs.services.values()
-    return replace(o, redis_url=redis_url, run_name=cfg.name, sessions="gateway", gateway_url=gateway, llm_url=None,
+    return replace(o, redis_url=redis_url, run_name=cfg.name, gateway_url=gateway, llm_url=None,
                    seed=cfg.seed, sampling=cfg.rollout.sampling, staleness_limit=staleness,
                    groups_per_step=groups_per_version,
                    max_turns_by_env=_by_env(o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
@@ -592,7 +592,8 @@ def trainer_config(cfg: RunConfig) -> TrainerConfig:
     if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
         trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
                               weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
-    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=cfg.rollout.api_key or os.environ.get(ENGINE_API_KEY_ENV)))
+    api_key = cfg.rollout.api_key or os.environ.get(ENGINE_API_KEY_ENV)
+    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=api_key))
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

@@ -27,6 +27,7 @@ from asyncrl.service import (GuardMiddleware, install_error_handlers, install_se
                              parse_json_body, serve)
 from orchestrator.core import Orchestrator
 from orchestrator.runtime import Runtime
+from orchestrator.sessions import SESSION_PROVIDERS
 
 log = logging.getLogger("orchestrator.server")
 
@@ -137,7 +138,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[OrchestratorConfig, ar
         f"episode_timeout_s_by_env {k}={v}" for k, v in cfg.episode_timeout_s_by_env.items() if not v > 0]
     if bad:
         p.error(f"{', '.join(bad)}: per-env max turns must be >= 1 and timeouts > 0 seconds")
-    return replace(cfg, sessions="gateway" if cfg.gateway_url else "endpoint", auth_token=a.auth_token,
+    if cfg.sessions in SESSION_PROVIDERS:  # a built-in follows the URL given; a provider of one's own is kept
+        cfg = replace(cfg, sessions="gateway" if cfg.gateway_url else "endpoint")
+    return replace(cfg, auth_token=a.auth_token,
                    gateway_token=a.gateway_token, env_token=a.env_token), a
 
 

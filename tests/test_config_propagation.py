@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import httpx
+import pytest
 
 from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RolloutConfig, RunConfig,
                             SamplingConfig, TrainerConfig, WeightPushConfig, is_secret, section_data)
@@ -42,6 +43,7 @@ FIXED: dict[str, Any] = {
     "gateway.tokenizer": "builtin:tiny",  # a tokenizer the gateway can load (default None: the model's)
     "env.target": "tests.orchestrator.timed_env.TimedEnv",  # an env class that exists (no default)
     "env.options": {"sleep_s": 0.05, "num_tasks": 3},  # keyword arguments the class takes
+    "orchestrator.sessions": "orchestrator.sessions:GatewaySessions",  # a provider by import path (no built-in name)
     "env.sandbox": "local_unsafe",  # a sandbox type that exists (default namespace)
     "env.sandbox_options": {"memory_mb": 1024},  # a SandboxConfig field
     # The launcher replaces these by rollout.routing_replay and rollout.sampling (both varied): kept at
@@ -58,7 +60,6 @@ LAUNCHER_FILLS: dict[str, Callable[[RunConfig, dict], Any]] = {
     "gateway.routing_replay": lambda cfg, urls: cfg.rollout.routing_replay,
     "orchestrator.redis_url": lambda cfg, urls: urls["redis"],
     "orchestrator.run_name": lambda cfg, urls: cfg.name,
-    "orchestrator.sessions": lambda cfg, urls: "gateway",  # a training run records every episode
     "orchestrator.gateway_url": lambda cfg, urls: urls["gateway"],
     "orchestrator.llm_url": lambda cfg, urls: None,
     "orchestrator.seed": lambda cfg, urls: cfg.seed,
@@ -244,3 +245,8 @@ def _wait_for_server_info(url: str, headers: dict, proc, log_path, timeout_s: fl
             pass
         time.sleep(0.2)
     raise AssertionError(f"the engine did not serve within {timeout_s} s: {log_path.read_text()[-2000:]}")
+
+
+def test_a_training_run_refuses_sessions_that_record_nothing():
+    with pytest.raises(ValueError, match="orchestrator.sessions=endpoint records no trajectories"):
+        RunConfig(orchestrator=OrchestratorConfig(sessions="endpoint"))
