@@ -11,8 +11,6 @@ is given one (FIXED), with the reason.
 
 from __future__ import annotations
 
-import socket
-import time
 import typing
 from dataclasses import fields, is_dataclass, replace
 from types import SimpleNamespace
@@ -24,13 +22,7 @@ import pytest
 from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RolloutConfig, RunConfig,
                             SamplingConfig, TrainerConfig, WeightPushConfig, is_secret, section_data)
 from asyncrl.launcher import Job, gateway_section
-from tests.services import ServiceProcess
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from tests.services import ServiceProcess, free_port, wait_until
 
 ENGINE_URL = "http://127.0.0.1:9/engine"
 """No engine serves there: the gateway only has to hold it in its config."""
@@ -234,17 +226,14 @@ def test_every_engine_setting_reaches_the_engine(tmp_path, tiny_checkpoint):
 
 
 def _wait_for_server_info(url: str, headers: dict, proc, log_path, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def served() -> dict | None:
         assert proc.poll() is None, log_path.read_text()
         try:
             reply = httpx.get(f"{url}/server_info", headers=headers, timeout=5)
-            if reply.status_code == 200:
-                return reply.json()
         except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the engine did not serve within {timeout_s} s: {log_path.read_text()[-2000:]}")
+            return None
+        return reply.json() if reply.status_code == 200 else None
+    return wait_until(served, timeout_s, lambda: f"the engine did not serve: {log_path.read_text()[-2000:]}")
 
 
 def test_a_training_run_refuses_sessions_that_record_nothing():
