@@ -111,5 +111,5 @@ async def health_latencies_while(http, path: str, body: dict) -> tuple[object, l
         started = time.monotonic()
         assert (await http.get("/health")).status_code == 200
         latencies.append(time.monotonic() - started)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
     return await pending, latencies

@@ -1,6 +1,7 @@
 """The engine's edge: SGLang's --api-key (401 without the key; /health*, /metrics open), the request-body
 limit (413), and an event loop that keeps answering /health while a maximal request is tokenized."""
 
+import time
 
 import httpx
 import pytest
@@ -66,9 +67,12 @@ async def test_health_answers_fast_while_a_maximal_request_is_handled(keyed_engi
     body = MAXIMAL[prompt]()
     async with httpx.AsyncClient(base_url=keyed_engine.url, timeout=120,
                                  headers={"Authorization": f"Bearer {KEY}"}) as http:
+        started = time.monotonic()
         response, latencies = await health_latencies_while(http, "/generate", body)
+        elapsed = time.monotonic() - started
     assert response.status_code == 400 and "context length" in response.json()["error"]
-    assert len(latencies) >= 3, "the request was too quick to test anything"
+    # the ids case takes ~0.3 s: the first poll precedes the upload, a later one spans the handling
+    assert elapsed > 0.1 and len(latencies) >= 2, f"the request was too quick to test anything ({elapsed:.2f} s)"
     print(f"/health: {len(latencies)} polls, max {max(latencies) * 1000:.0f} ms")  # -s shows it
     assert max(latencies) < 0.5, latencies
 
