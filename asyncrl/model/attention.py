@@ -103,7 +103,7 @@ class MLA(nn.Module):
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank)
         self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.n_heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, config.hidden_size, bias=bias)
-        self.indexer = Indexer(config) if config.layer_indexer_types[layer_idx] == "full" else None
+        self.indexer = Indexer(config) if config.indexer_type(layer_idx) == "full" else None
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext, shared: Optional[Selections]) -> AttentionOutput:
         """x [N, hidden] (normed); `shared`: the previous full layer's selections (used on "shared" layers).

@@ -68,8 +68,7 @@ class ModelConfig:
     mlp_layer_types: Optional[list[str]] = None
     """Per layer "dense" or "sparse"; None derives it from first_k_dense_replace (`layer_mlp_types`)."""
     num_nextn_predict_layers: int = 0
-    """MTP layers stored after the decoder layers (model.layers.{num_hidden_layers + i}); kept on
-    load/save, not run."""
+    """MTP layers (asyncrl.model.mtp), stored after the decoder layers as model.layers.{num_hidden_layers + i}."""
     torch_dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -87,6 +86,15 @@ class ModelConfig:
             return list(self.mlp_layer_types)
         n_dense = min(self.first_k_dense_replace, self.num_hidden_layers)
         return ["dense"] * n_dense + ["sparse"] * (self.num_hidden_layers - n_dense)
+
+    def indexer_type(self, layer_idx: int) -> str:
+        """Of a decoder layer, or "full" for an MTP layer (idx >= num_hidden_layers): it runs alone,
+        so there is no previous layer's top-k to share (SGLang builds its NextN attention with an indexer)."""
+        return self.layer_indexer_types[layer_idx] if layer_idx < self.num_hidden_layers else "full"
+
+    def mlp_type(self, layer_idx: int) -> str:
+        """Of a decoder layer, or "sparse" for an MTP layer (SGLang: `_is_layer_sparse` is True when is_nextn)."""
+        return self.layer_mlp_types[layer_idx] if layer_idx < self.num_hidden_layers else "sparse"
 
     @property
     def qk_head_dim(self) -> int:

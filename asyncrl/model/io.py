@@ -2,8 +2,10 @@
 
 Tensor names are exactly those transformers reads and writes for GlmMoeDsaForCausalLM (experts per
 expert, mlp.gate.e_score_correction_bias, self_attn.indexer.*), so a directory written here loads in
-transformers and vice versa. Tied embeddings save no lm_head.weight (as HF). MTP tensors
-(model.layers.{num_hidden_layers + i}.*) are kept in `model.mtp_tensors` and written back unchanged.
+transformers and vice versa. Tied embeddings save no lm_head.weight (as HF). MTP layers load into and save
+from `model.model.mtp_layers` under their HF names (model.layers.{num_hidden_layers + i}.*); an MTP layer's
+copies of the embedding or head (embed_tokens.weight, shared_head.head.weight), when a checkpoint has them,
+must equal the main model's tensors and are written back from them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 1024**3
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_SHARED_COPIES = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
+"""MTP-layer tensor -> the main model tensor it copies (SGLang skips them and uses the main model's)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,13 +50,17 @@ def load_weights(model: Glm5ForCausalLM, tensors: dict[str, torch.Tensor], stric
     """Copy HF-named tensors into the model (converting dtypes). strict=False accepts a subset
     (a weight update), but each MoE layer's experts come all together or not at all."""
     tensors = dict(tensors)
-    mtp = {name: tensors.pop(name) for name in list(tensors) if _is_mtp(name, model.config)}
     if model.config.tie_word_embeddings and "model.embed_tokens.weight" in tensors:
         tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    copies = {name: tensors.pop(name) for name in list(tensors) if _shared_copy_of(name, model.config)}
+    for name, tensor in copies.items():
+        main = tensors.get(_shared_copy_of(name, model.config))
+        if main is not None and not torch.equal(tensor, main):
+            raise ValueError(f"{name} differs from the main model's {_shared_copy_of(name, model.config)}")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if unexpected or (strict and missing):
         raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
-    model.mtp_tensors.update(mtp)
+    model.mtp_shared_copies.update(copies)
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -68,11 +76,11 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_tensors(model: Glm5ForCausalLM, dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
-    """HF name -> contiguous tensor, as saved (cast to dtype except FP32_TENSORS; MTP tensors included)."""
+    """HF name -> contiguous tensor, as saved (cast to dtype except FP32_TENSORS; MTP layers included)."""
     state = model.state_dict()
+    state.update({name: state[_shared_copy_of(name, model.config)] for name in sorted(model.mtp_shared_copies)})
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")
-    state.update(model.mtp_tensors)
     cast = (lambda name, t: t) if dtype is None else (
         lambda name, t: t if name.endswith(FP32_TENSORS) or not t.is_floating_point() else t.to(dtype))
     return {name: cast(name, t).contiguous() for name, t in state.items()}
@@ -125,6 +133,9 @@ def _split(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, t
     return shards
 
 
-def _is_mtp(name: str, config: ModelConfig) -> bool:
+def _shared_copy_of(name: str, config: ModelConfig) -> Optional[str]:
+    """The main tensor an MTP layer's embedding / head copy duplicates, or None for any other name."""
     match = _LAYER.match(name)
-    return match is not None and int(match.group(1)) >= config.num_hidden_layers
+    if match is None or int(match.group(1)) < config.num_hidden_layers:
+        return None
+    return _SHARED_COPIES.get(name[match.end():])

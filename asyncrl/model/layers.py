@@ -18,7 +18,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.self_attn = MLA(config, layer_idx)
-        dense = config.layer_mlp_types[layer_idx] == "dense"
+        dense = config.mlp_type(layer_idx) == "dense"
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else MoE(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -8,8 +8,8 @@ Both:     asyncrl.model.io.load_pretrained(dir) / save_pretrained(model, dir);
 
 `state_dict()` keys are exactly the HF safetensors names (model.layers.N.self_attn.indexer.wq_b.weight,
 model.layers.N.mlp.experts.E.gate_proj.weight, ...), so weights move to transformers / SGLang by name.
-MTP layers (model.layers.{num_hidden_layers + i}.*) are not run; their tensors ride along in
-`mtp_tensors` so a checkpoint round-trips intact.
+MTP layers (asyncrl.model.mtp) live in `model.mtp_layers` and are saved as model.layers.{num_hidden_layers + i}.*;
+the trainer's teacher-forced entry is `model.mtp_logprobs(hidden, input_ids, cu_seqlens, targets)`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.kv_cache import KVCache
 from asyncrl.model.layers import DecoderLayer
+from asyncrl.model.mtp import MTPLayer
 from asyncrl.model.norm import RMSNorm
 from asyncrl.model.rope import RotaryEmbedding
 
@@ -41,6 +42,18 @@ class TokenLogprobs:
     """[N] entropy of the next-token distribution (None when not asked)."""
     indexer_kl: Optional[torch.Tensor]
     """Scalar indexer alignment loss (mean over full-indexer layers), when asked."""
+    hidden: Optional[torch.Tensor] = None
+    """[N, hidden] the final-norm hidden states: the MTP layers' input (`mtp_logprobs`)."""
+
+
+@dataclass
+class MTPLogprobs:
+    logprobs: torch.Tensor
+    """[N] log p(targets[t] | tokens <= t + 1 of its sequence); 0 where `has_next` is False."""
+    has_next: torch.Tensor
+    """[N] bool: False at each sequence's last position (no x_{t+1} to read)."""
+    hidden: torch.Tensor
+    """[N, hidden] the MTP layer's normed output: the `hidden` of a further draft with the same layer."""
 
 
 class Glm5Model(nn.Module):
@@ -51,8 +64,12 @@ class Glm5Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mtp_layers = nn.ModuleList(MTPLayer(config, config.num_hidden_layers + i)
+                                        for i in range(config.num_nextn_predict_layers))
         self.rotary_emb = RotaryEmbedding(config)
         self.gradient_checkpointing = False
+        self.register_state_dict_post_hook(_mtp_to_hf_names)
+        self.register_load_state_dict_pre_hook(_mtp_from_hf_names)
 
     def forward(self, batch: ForwardBatch, cache: Optional[KVCache] = None, indexer_kl: bool = False,
                 routed_experts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -80,19 +97,22 @@ class Glm5ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.mtp_tensors: dict[str, torch.Tensor] = {}
-        """HF-named tensors of the MTP layers: loaded and saved, never run or trained."""
+        self.mtp_shared_copies: set[str] = set()
+        """Checkpoint names of MTP-layer copies of the embedding / head (model.layers.{L + i}.embed_tokens.weight,
+        .shared_head.head.weight) that the loaded checkpoint had: saved again from the shared tensors (io.py)."""
 
     # Construction --------------------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> "Glm5ForCausalLM":
         """Random init, deterministic in `seed` (global RNG untouched): N(0, initializer_range) for
-        projections, embeddings, experts and router; ones for norm scales; zeros for biases."""
+        projections, embeddings, experts and router; ones for norm scales; zeros for biases. MTP layers
+        draw last, so the main model's weights do not depend on num_nextn_predict_layers."""
         with torch.random.fork_rng(devices=[]):
             model = cls(config)
         generator = torch.Generator().manual_seed(seed)
+        params = sorted(model.named_parameters(), key=lambda item: item[0].startswith("model.mtp_layers."))
         with torch.no_grad():
-            for name, param in model.named_parameters():
+            for name, param in params:
                 if name.endswith("norm.weight"):
                     param.fill_(1.0)
                 elif name.endswith(".bias"):
@@ -148,13 +168,33 @@ class Glm5ForCausalLM(nn.Module):
         """
         batch = ForwardBatch.packed(input_ids, cu_seqlens, **batch_options)
         hidden, losses = self.model(batch, indexer_kl=indexer_kl, routed_experts=routed_experts)
-        if isinstance(temperature, torch.Tensor):
-            temperature = temperature.float()[:, None]
-        logp_all = (self.lm_head(hidden).float() / temperature).log_softmax(-1)  # [N, vocab]
+        logp_all = self._log_softmax(hidden, temperature)
         logprobs = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
         kl = torch.stack(losses).mean() if losses else None
-        return TokenLogprobs(logprobs, entropy, kl)
+        return TokenLogprobs(logprobs, entropy, kl, hidden)
+
+    def mtp_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                     targets: torch.Tensor, *, layer: int = 0, temperature: float | torch.Tensor = 1.0,
+                     **batch_options) -> MTPLogprobs:
+        """Teacher-forced MTP log-probs of packed sequences: position t reads [enorm(embed(x_{t+1})),
+        hnorm(hidden[t])] and predicts targets[t] (x_{t+2}; mask each sequence's last two positions in
+        the loss). hidden [N, H]: `TokenLogprobs.hidden` of the same batch (detach it to keep the MTP
+        loss off the main model), or `MTPLogprobs.hidden` of the previous draft (then shift input_ids by
+        one more token). Attention stays within each sequence; MTP position t runs at RoPE position t.
+        """
+        next_ids, has_next = next_tokens(input_ids, cu_seqlens)
+        batch = ForwardBatch.packed(next_ids, cu_seqlens, **batch_options)
+        ctx = AttentionContext(batch, self.model.rotary_emb(batch.positions))
+        out = self.model.mtp_layers[layer](hidden, self.model.embed_tokens(next_ids), ctx)
+        logprobs = self._log_softmax(out, temperature).gather(1, targets.long()[:, None]).squeeze(1)
+        return MTPLogprobs(logprobs.masked_fill(~has_next, 0.0), has_next, out)
+
+    def _log_softmax(self, hidden: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+        """fp32 log_softmax(lm_head(hidden) / temperature) [N, vocab]; temperature a number or [N]."""
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.float()[:, None]
+        return (self.lm_head(hidden).float() / temperature).log_softmax(-1)
 
     def indexer_parameters(self) -> Iterator[nn.Parameter]:
         for layer in self.model.layers:
@@ -170,3 +210,27 @@ class Glm5ForCausalLM(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute each decoder layer in backward instead of storing its activations."""
         self.model.gradient_checkpointing = enabled
+
+
+def next_tokens(input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x_{t+1} of every packed position, and whether it exists (False at each sequence's last position,
+    where the token itself stands in: any valid id, its outputs are masked)."""
+    has_next = torch.ones_like(input_ids, dtype=torch.bool)
+    has_next[cu_seqlens[1:].long() - 1] = False
+    return torch.where(has_next, input_ids.roll(-1), input_ids), has_next
+
+
+def _mtp_to_hf_names(module: Glm5Model, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """{prefix}mtp_layers.{i}.* -> {prefix}layers.{num_hidden_layers + i}.* (the checkpoint names)."""
+    for i in range(len(module.mtp_layers)):
+        ours, theirs = f"{prefix}mtp_layers.{i}.", f"{prefix}layers.{len(module.layers) + i}."
+        for name in [name for name in state_dict if name.startswith(ours)]:
+            state_dict[theirs + name[len(ours):]] = state_dict.pop(name)
+
+
+def _mtp_from_hf_names(module: Glm5Model, state_dict: dict, prefix: str, *args) -> None:
+    """The inverse of _mtp_to_hf_names, before the MTP layers (and their experts' hooks) load."""
+    for i in range(len(module.mtp_layers)):
+        theirs, ours = f"{prefix}layers.{len(module.layers) + i}.", f"{prefix}mtp_layers.{i}."
+        for name in [name for name in state_dict if name.startswith(theirs)]:
+            state_dict[ours + name[len(theirs):]] = state_dict.pop(name)
