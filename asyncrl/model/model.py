@@ -180,8 +180,8 @@ class Glm5ForCausalLM(nn.Module):
         """Teacher-forced MTP log-probs of packed sequences: position t reads [enorm(embed(x_{t+1})),
         hnorm(hidden[t])] and predicts targets[t] (x_{t+2}; mask each sequence's last two positions in
         the loss). hidden [N, H]: `TokenLogprobs.hidden` of the same batch (detach it to keep the MTP
-        loss off the main model), or `MTPLogprobs.hidden` of the previous draft (then shift input_ids by
-        one more token). Attention stays within each sequence; MTP position t runs at RoPE position t.
+        loss off the main model), or `MTPLogprobs.hidden` of the previous draft (then drop each
+        sequence's first token from input_ids and last row from hidden: the next draft reads x_{t+2}). Attention stays within each sequence; MTP position t runs at RoPE position t.
         """
         next_ids, has_next = next_tokens(input_ids, cu_seqlens)
         batch = ForwardBatch.packed(next_ids, cu_seqlens, **batch_options)
