@@ -207,6 +207,12 @@ class Glm5ForCausalLM(nn.Module):
         for param in self.indexer_parameters():
             param.requires_grad_(False)
 
+    def freeze_mtp(self) -> None:
+        """No gradients for the MTP layers: the policy loss never reaches them, but a data-parallel
+        gradient sum would give them zeros that weight decay then acts on. For trainers without an MTP loss."""
+        for param in self.model.mtp_layers.parameters():
+            param.requires_grad_(False)
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute each decoder layer in backward instead of storing its activations."""
         self.model.gradient_checkpointing = enabled

@@ -63,6 +63,7 @@ class TorchBackend(TrainerBackend):
         self.model = build_model(model, seed).to(self.device)
         if cfg.freeze_indexer:
             self.model.freeze_indexer()
+        self.model.freeze_mtp()  # no MTP loss yet (issue 19): its layers stay as loaded
         self.model.set_gradient_checkpointing(cfg.grad_checkpointing)
         self.dp.broadcast_parameters(self.model)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]

@@ -120,6 +120,8 @@ def test_policy_loss_gives_mtp_parameters_no_gradient(mtp_model):
     mtp_params = list(mtp_model.model.mtp_layers.parameters())
     assert mtp_params and all(p.grad is None for p in mtp_params)
     assert mtp_model.model.layers[1].self_attn.q_b_proj.weight.grad is not None
+    mtp_model.freeze_mtp()  # what the torch trainer does until there is an MTP loss
+    assert not any(p.requires_grad for p in mtp_params)
 
 
 def test_main_weights_do_not_depend_on_the_mtp_layer(parity_config, mtp_config):
