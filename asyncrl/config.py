@@ -455,6 +455,10 @@ class TrainerConfig:
     """Keep the DSA indexer fixed (GLM-5 §3.2): no gradient, not in the optimizer."""
     indexer_kl_coef: float = 1.0
     """Only with freeze_indexer false: weight of the indexer's KL alignment loss, its only training signal."""
+    mtp_loss_coef: float = 0.0
+    """Weight of the online MTP loss (trainer/mtp_loss.py: cross-entropy of the MTP layer's draft of the
+    token after next, on generated tokens), which trains the MTP layer only; the policy update is the
+    same with or without it. 0: the MTP layer stays as loaded. torch backend; needs an MTP layer."""
     grad_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of storing its activations."""
     device: str = "cpu"
@@ -500,6 +504,9 @@ class WarmupConfig:
     """Demonstrations per warm-up optimizer step."""
     lr: float = 3e-3
     """AdamW learning rate of the warm-up."""
+    mtp_loss_coef: float = 0.0
+    """Weight of the MTP loss in the warm-up (as trainer.mtp_loss_coef, on the assistant tokens): the MTP
+    layer learns to draft from the warmed-up policy; the policy's own warm-up is unchanged. 0: none."""
     thinking: bool = False
     """Chat-template mode; must match the gateway's."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -20,6 +21,7 @@ from asyncrl.model.io import load_pretrained, save_pretrained
 from asyncrl.model.model import Glm5ForCausalLM
 from asyncrl.plugins import load_object
 from asyncrl.tokenizer import load_tokenizer
+from trainer.mtp_loss import MTPTerms, mtp_loss_terms
 
 log = logging.getLogger("trainer.sft")
 
@@ -53,27 +55,38 @@ def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) 
     template = GlmChatTemplate(load_tokenizer(model.tokenizer), thinking=cfg.thinking)
     env = load_object(cfg.env)(**cfg.env_options)
     examples = [tokenize_dialogue(template, d) for d in env.demonstrations(cfg.steps * cfg.batch_size, seed)]
+    if cfg.mtp_loss_coef > 0 and not net.model.mtp_layers:
+        raise ValueError(f"warmup.mtp_loss_coef {cfg.mtp_loss_coef}: the model has no MTP layer")
     optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
     for step in range(cfg.steps):
-        loss = _step(net, optimizer, rng.sample(examples, cfg.batch_size))
+        loss, mtp = _step(net, optimizer, rng.sample(examples, cfg.batch_size), cfg.mtp_loss_coef)
         if step % 20 == 0 or step == cfg.steps - 1:
-            log.info("warm-up step %d/%d: loss %.3f", step + 1, cfg.steps, loss)
+            log.info("warm-up step %d/%d: loss %.3f%s", step + 1, cfg.steps, loss,
+                     f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
+                     if mtp and mtp.count else "")
     save_pretrained(net, out_dir)
     return out_dir
 
 
-def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tuple[list[int], list[int]]]) -> float:
+def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tuple[list[int], list[int]]],
+          mtp_loss_coef: float = 0.0) -> tuple[float, Optional[MTPTerms]]:
+    """One supervised step; the MTP loss (its own mean, times `mtp_loss_coef`) trains the MTP layer only."""
     ids, targets, mask, bounds = [], [], [], [0]
     for tokens, loss_mask in batch:
         ids += tokens
         targets += tokens[1:] + [0]
         mask += loss_mask[1:] + [0]  # target i is tokens[i + 1]
         bounds.append(len(ids))
-    out = net.token_logprobs(torch.tensor(ids), torch.tensor(bounds), torch.tensor(targets), with_entropy=False)
+    targets, bounds = torch.tensor(targets), torch.tensor(bounds)
+    out = net.token_logprobs(torch.tensor(ids), bounds, targets, with_entropy=False)
     weights = torch.tensor(mask, dtype=torch.float32)
     loss = -(out.logprobs * weights).sum() / weights.sum()
+    total, mtp = loss, None
+    if mtp_loss_coef > 0:
+        mtp = mtp_loss_terms(net, out.hidden, targets, bounds, weights.bool())
+        total = loss + mtp_loss_coef * mtp.loss_sum / max(mtp.count, 1)
     optimizer.zero_grad()
-    loss.backward()
+    total.backward()
     optimizer.step()
-    return loss.item()
+    return loss.item(), mtp

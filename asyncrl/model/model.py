@@ -9,7 +9,7 @@ Both:     asyncrl.model.io.load_pretrained(dir) / save_pretrained(model, dir);
 `state_dict()` keys are exactly the HF safetensors names (model.layers.N.self_attn.indexer.wq_b.weight,
 model.layers.N.mlp.experts.E.gate_proj.weight, ...), so weights move to transformers / SGLang by name.
 MTP layers (asyncrl.model.mtp) live in `model.mtp_layers` and are saved as model.layers.{num_hidden_layers + i}.*;
-the trainer's teacher-forced entry is `model.mtp_logprobs(hidden, input_ids, cu_seqlens, targets)`.
+the trainer's teacher-forced entry is `model.mtp_logprobs(hidden, next_ids, cu_seqlens, targets)`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -49,9 +50,9 @@ class TokenLogprobs:
 @dataclass
 class MTPLogprobs:
     logprobs: torch.Tensor
-    """[N] log p(targets[t] | tokens <= t + 1 of its sequence); 0 where `has_next` is False."""
-    has_next: torch.Tensor
-    """[N] bool: False at each sequence's last position (no x_{t+1} to read)."""
+    """[N] log p(targets[t] | tokens <= t, next_ids[t]) under the MTP layer (fp32)."""
+    predicted: torch.Tensor
+    """[N] the MTP layer's most likely token: its greedy draft."""
     hidden: torch.Tensor
     """[N, hidden] the MTP layer's normed output: the `hidden` of a further draft with the same layer."""
 
@@ -174,21 +175,26 @@ class Glm5ForCausalLM(nn.Module):
         kl = torch.stack(losses).mean() if losses else None
         return TokenLogprobs(logprobs, entropy, kl, hidden)
 
-    def mtp_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+    def mtp_logprobs(self, hidden: torch.Tensor, next_ids: torch.Tensor, cu_seqlens: torch.Tensor,
                      targets: torch.Tensor, *, layer: int = 0, temperature: float | torch.Tensor = 1.0,
                      **batch_options) -> MTPLogprobs:
-        """Teacher-forced MTP log-probs of packed sequences: position t reads [enorm(embed(x_{t+1})),
-        hnorm(hidden[t])] and predicts targets[t] (x_{t+2}; mask each sequence's last two positions in
-        the loss). hidden [N, H]: `TokenLogprobs.hidden` of the same batch (detach it to keep the MTP
-        loss off the main model), or `MTPLogprobs.hidden` of the previous draft (then drop each
-        sequence's first token from input_ids and last row from hidden: the next draft reads x_{t+2}). Attention stays within each sequence; MTP position t runs at RoPE position t.
-        """
-        next_ids, has_next = next_tokens(input_ids, cu_seqlens)
+        """Teacher-forced MTP log-probs of packed sequences: position t reads [enorm(embed(next_ids[t])),
+        hnorm(hidden[t])] and scores targets[t]. In a micro-batch next_ids is its `targets` (x_{t+1}) and
+        targets are `mtp_targets` (x_{t+2}). hidden [N, H]: `TokenLogprobs.hidden` of the same batch, or
+        `MTPLogprobs.hidden` of the previous draft. Attention stays within each sequence; MTP position t
+        runs at RoPE position t.
+
+        The main model's tensors enter detached (hidden, the shared embedding and head): an MTP loss
+        trains the MTP layer only, and the main model's update is the same with or without it."""
         batch = ForwardBatch.packed(next_ids, cu_seqlens, **batch_options)
         ctx = AttentionContext(batch, self.model.rotary_emb(batch.positions))
-        out = self.model.mtp_layers[layer](hidden, self.model.embed_tokens(next_ids), ctx)
-        logprobs = self._log_softmax(out, temperature).gather(1, targets.long()[:, None]).squeeze(1)
-        return MTPLogprobs(logprobs.masked_fill(~has_next, 0.0), has_next, out)
+        next_embeds = self.model.embed_tokens(next_ids).detach()
+        out = self.model.mtp_layers[layer](hidden.detach(), next_embeds, ctx)
+        logits = F.linear(out, self.lm_head.weight.detach()).float()
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.float()[:, None]
+        logprobs = (logits / temperature).log_softmax(-1).gather(1, targets.long()[:, None]).squeeze(1)
+        return MTPLogprobs(logprobs, logits.argmax(-1), out)
 
     def _log_softmax(self, hidden: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
         """fp32 log_softmax(lm_head(hidden) / temperature) [N, vocab]; temperature a number or [N]."""
@@ -218,12 +224,12 @@ class Glm5ForCausalLM(nn.Module):
         self.model.gradient_checkpointing = enabled
 
 
-def next_tokens(input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x_{t+1} of every packed position, and whether it exists (False at each sequence's last position,
-    where the token itself stands in: any valid id, its outputs are masked)."""
-    has_next = torch.ones_like(input_ids, dtype=torch.bool)
-    has_next[cu_seqlens[1:].long() - 1] = False
-    return torch.where(has_next, input_ids.roll(-1), input_ids), has_next
+def mtp_targets(targets: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP targets of a packed batch whose next-token targets are `targets`: targets[t + 1] (x_{t+2}),
+    and whether it exists (False at each sequence's last position, where targets[t] stands in)."""
+    valid = torch.ones_like(targets, dtype=torch.bool)
+    valid[cu_seqlens[1:].long() - 1] = False
+    return torch.where(valid, targets.roll(-1), targets), valid
 
 
 def _mtp_to_hf_names(module: Glm5Model, state_dict: dict, prefix: str, local_metadata: dict) -> None:

@@ -28,10 +28,12 @@ from trainer.backends.base import StepResult, TrainerBackend
 from trainer.backends.data_parallel import DataParallel
 from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
+from trainer.mtp_loss import clip_mtp_gradients, mtp_loss_mask, mtp_loss_terms
 from trainer.packing import MicroBatch
 
 METRIC_FIELDS = ("loss_tokens", "masked_tokens", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
-"""LossMetrics sums carried in the step's totals vector, after (loss, indexer_kl, tokens)."""
+"""LossMetrics sums carried in the step's totals vector, after (loss, indexer_kl, tokens, mtp_loss_sum,
+mtp_correct, mtp_count)."""
 
 
 def select_device(name: str) -> torch.device:
@@ -63,10 +65,17 @@ class TorchBackend(TrainerBackend):
         self.model = build_model(model, seed).to(self.device)
         if cfg.freeze_indexer:
             self.model.freeze_indexer()
-        self.model.freeze_mtp()  # no MTP loss yet (issue 19): its layers stay as loaded
+        if cfg.mtp_loss_coef > 0 and not self.model.model.mtp_layers:
+            raise ValueError(f"trainer.mtp_loss_coef {cfg.mtp_loss_coef}: the model has no MTP layer "
+                             "(num_nextn_predict_layers 0)")
+        if cfg.mtp_loss_coef <= 0:
+            self.model.freeze_mtp()
         self.model.set_gradient_checkpointing(cfg.grad_checkpointing)
         self.dp.broadcast_parameters(self.model)
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.mtp_params = [p for p in self.model.model.mtp_layers.parameters() if p.requires_grad]
+        mtp = {id(p) for p in self.mtp_params}
+        self.policy_params = [p for p in self.model.parameters() if p.requires_grad and id(p) not in mtp]
+        self.trainable = self.policy_params + self.mtp_params
         self.optimizer = self._new_optimizer()
         self.loss_fn = build_loss(cfg.loss)
 
@@ -89,38 +98,48 @@ class TorchBackend(TrainerBackend):
     # Training ----------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[MicroBatch], normalizer: int) -> StepResult:
         step_tokens = sum(mb.num_tokens for mb in micro_batches)
-        announce("train_step", normalizer, step_tokens)
-        return self._train_step(normalizer, step_tokens, micro_batches)
+        mtp_tokens = sum(int(mtp_loss_mask(mb.loss_mask, mb.cu_seqlens).sum()) for mb in micro_batches)
+        announce("train_step", normalizer, step_tokens, mtp_tokens)
+        return self._train_step(normalizer, step_tokens, mtp_tokens, micro_batches)
 
-    def _train_step(self, normalizer: int, step_tokens: int, micro_batches: Optional[list[MicroBatch]] = None
-                    ) -> StepResult:
+    def _train_step(self, normalizer: int, step_tokens: int, mtp_tokens: int,
+                    micro_batches: Optional[list[MicroBatch]] = None) -> StepResult:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals = torch.zeros(3 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
+        totals = torch.zeros(6 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
         for mb in self.dp.scatter(micro_batches):
-            totals += self._forward_backward(mb.to(self.device), normalizer, step_tokens)
+            totals += self._forward_backward(mb.to(self.device), normalizer, step_tokens, mtp_tokens)
         totals = self.dp.sum(totals)
         self.dp.sum_gradients(self.trainable)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip if self.cfg.grad_clip > 0
-                                                   else float("inf"))
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, clip)  # the MTP layer's apart: see
+        mtp_grad_norm = clip_mtp_gradients(self.mtp_params, clip) if self.mtp_params else None  # mtp_loss.py
         finite = bool(torch.isfinite(grad_norm))
         if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip the update
             self.optimizer.step()
-        return self._result(totals, float(grad_norm), skipped=not finite)
+        return self._result(totals, float(grad_norm), skipped=not finite, mtp_grad_norm=mtp_grad_norm)
 
-    def _forward_backward(self, mb: MicroBatch, normalizer: int, step_tokens: int) -> Tensor:
+    def _forward_backward(self, mb: MicroBatch, normalizer: int, step_tokens: int, mtp_tokens: int) -> Tensor:
         """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
         train_indexer = not self.cfg.freeze_indexer
+        options = {"attention_impl": self._attention_impl(mb)}
         with self._autocast():
             out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
-                                            indexer_kl=train_indexer, routed_experts=self._routing(mb), attention_impl=self._attention_impl(mb))
+                                            indexer_kl=train_indexer, routed_experts=self._routing(mb), **options)
+            mtp = mtp_loss_terms(self.model, out.hidden, mb.targets, mb.cu_seqlens, mb.loss_mask, **options) \
+                if self.mtp_params else None
         old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
                                                 old_logprobs=old, entropy=out.entropy, cu_seqlens=mb.cu_seqlens,
                                                 normalizer=normalizer))
         indexer_kl = loss.new_zeros(()) if out.indexer_kl is None else out.indexer_kl * (mb.num_tokens / step_tokens)
-        (loss + self.cfg.indexer_kl_coef * indexer_kl).backward()
-        return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)),
+        total = loss + self.cfg.indexer_kl_coef * indexer_kl
+        zero = loss.new_zeros(())
+        if mtp is not None and mtp.count:
+            total = total + self.cfg.mtp_loss_coef * mtp.loss_sum / mtp_tokens
+        total.backward()
+        mtp_values = (mtp.loss_sum.detach(), mtp.correct.to(zero), zero + mtp.count) if mtp else (zero, zero, zero)
+        return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)), *mtp_values,
                             *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()
 
     def _routing(self, mb: MicroBatch) -> Optional[Tensor]:
@@ -138,12 +157,15 @@ class TorchBackend(TrainerBackend):
         dense = self.cfg.freeze_indexer and mb.max_seqlen <= self.cfg.dense_attention_up_to
         return "dense" if dense else "sparse"
 
-    def _result(self, totals: Tensor, grad_norm: float, skipped: bool) -> StepResult:
-        loss, indexer_kl, tokens, *sums = totals.tolist()
+    def _result(self, totals: Tensor, grad_norm: float, skipped: bool, mtp_grad_norm: Optional[float]) -> StepResult:
+        loss, indexer_kl, tokens, mtp_loss_sum, mtp_correct, mtp_count, *sums = totals.tolist()
         metrics = LossMetrics(**{name: torch.tensor(v) for name, v in zip(METRIC_FIELDS, sums)}).summary()
         metrics["skipped_step"] = float(skipped)
         if not self.cfg.freeze_indexer:
             metrics["indexer_kl"] = indexer_kl
+        if mtp_grad_norm is not None:
+            metrics.update(mtp_loss=mtp_loss_sum / max(mtp_count, 1), mtp_accuracy=mtp_correct / max(mtp_count, 1),
+                           mtp_grad_norm=mtp_grad_norm)
         return StepResult(loss=loss, grad_norm=grad_norm, num_tokens=int(tokens), metrics=metrics)
 
     def _autocast(self):

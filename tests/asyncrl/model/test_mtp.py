@@ -18,7 +18,7 @@ from asyncrl.model.batch import ForwardBatch
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import checkpoint_tensors, load_pretrained, load_weights, read_tensors, save_pretrained
 from asyncrl.model.layers import DecoderLayer
-from asyncrl.model.model import Glm5ForCausalLM
+from asyncrl.model.model import Glm5ForCausalLM, mtp_targets
 from asyncrl.model.rope import RotaryEmbedding
 
 
@@ -38,52 +38,64 @@ def mtp_model(mtp_config, randomize_bias) -> Glm5ForCausalLM:
     return model
 
 
-def _packed(seed: int, lens=(30, 45)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences longer than index_topk 16: the MTP block's own indexer selects sparsely."""
-    ids = torch.randint(0, 512, (sum(lens),), generator=torch.Generator().manual_seed(seed))
-    return ids, torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+def _packed(seed: int, lens=(30, 45)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A micro-batch's (input_ids, targets = next tokens, cu_seqlens). Sequences longer than index_topk 16:
+    the MTP block's own indexer selects sparsely."""
+    seqs = [torch.randint(0, 512, (n + 1,), generator=torch.Generator().manual_seed(seed + i)) for i, n in enumerate(lens)]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return torch.cat([s[:-1] for s in seqs]), torch.cat([s[1:] for s in seqs]), cu
 
 
 def _reference_mtp_logprobs(tensors: dict[str, torch.Tensor], config: ModelConfig, hidden: torch.Tensor,
-                            ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                            nxt: torch.Tensor) -> torch.Tensor:
     """One sequence, from the HF tensors: plain torch for the MTP wiring; the block is the parity-tested
-    DecoderLayer class loaded with layer {L}'s decoder tensors. -> log-probs of positions 0..T-2."""
+    DecoderLayer class loaded with layer {L}'s decoder tensors. hidden[t] and nxt[t] = x_{t+1}
+    -> log p(x_{t+2}) for t = 0..T-2."""
     prefix, eps = f"model.layers.{config.num_hidden_layers}.", config.rms_norm_eps
     t = {name[len(prefix):]: v for name, v in tensors.items() if name.startswith(prefix)}
     norm = lambda x, w: F.rms_norm(x, w.shape, w, eps)  # noqa: E731
-    nxt = F.embedding(ids[1:], tensors["model.embed_tokens.weight"])  # x_{t+1}, t = 0..T-2
-    x = F.linear(torch.cat([norm(nxt, t["enorm.weight"]), norm(hidden[:-1], t["hnorm.weight"])], -1), t["eh_proj.weight"])
+    x = F.linear(torch.cat([norm(F.embedding(nxt, tensors["model.embed_tokens.weight"]), t["enorm.weight"]),
+                            norm(hidden, t["hnorm.weight"])], -1), t["eh_proj.weight"])
     block = DecoderLayer(config, config.num_hidden_layers)
     block.load_state_dict({k: v for k, v in t.items() if k not in MTP_OWN}, strict=True)
-    batch = ForwardBatch.packed(ids[1:], torch.tensor([0, len(ids) - 1]))
+    batch = ForwardBatch.packed(nxt, torch.tensor([0, len(nxt)]))
     x, _ = block(x, AttentionContext(batch, RotaryEmbedding(config)(batch.positions)), None)
     logits = F.linear(norm(x, t["shared_head.norm.weight"]), tensors["lm_head.weight"])
-    return logits.log_softmax(-1).gather(1, targets[:-1, None]).squeeze(1)
+    return logits[:-1].log_softmax(-1).gather(1, nxt[1:, None]).squeeze(1)
 
 
 def test_mtp_forward_equals_a_reference_built_from_the_hf_tensors(mtp_model, mtp_config):
-    ids, cu = _packed(0)
-    targets = torch.cat([ids[2:], ids[:2]])  # x_{t+2}; wrong only where masked or at each sequence's end
+    ids, nxt, cu = _packed(0)
+    targets, valid = mtp_targets(nxt, cu)
     tensors = checkpoint_tensors(mtp_model)
     with torch.no_grad():
-        hidden = mtp_model.token_logprobs(ids, cu, ids.roll(-1)).hidden
+        hidden = mtp_model.token_logprobs(ids, cu, nxt).hidden
         for impl in ("auto", "sparse", "dense"):
-            out = mtp_model.mtp_logprobs(hidden, ids, cu, targets, attention_impl=impl)
+            out = mtp_model.mtp_logprobs(hidden, nxt, cu, targets, attention_impl=impl)
             for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
-                seq = slice(start, end)
-                theirs = _reference_mtp_logprobs(tensors, mtp_config, hidden[seq], ids[seq], targets[seq])
+                theirs = _reference_mtp_logprobs(tensors, mtp_config, hidden[start:end], nxt[start:end])
                 assert (out.logprobs[start:end - 1] - theirs).abs().max() <= 1e-5, impl
-                assert out.has_next[start:end - 1].all() and not out.has_next[end - 1]
-                assert out.logprobs[end - 1] == 0
+                assert valid[start:end - 1].all() and not valid[end - 1]
     assert theirs.abs().max() > 1.0  # O(1) log-probs: the tolerance means something
 
 
 def test_mtp_layer_can_be_fed_its_own_output_for_a_second_draft(mtp_model):
-    ids, cu = _packed(1, lens=(20,))
+    ids, nxt, cu = _packed(1, lens=(20,))
     with torch.no_grad():
-        first = mtp_model.mtp_logprobs(mtp_model.token_logprobs(ids, cu, ids).hidden, ids, cu, ids)
-        second = mtp_model.mtp_logprobs(first.hidden[:-1], ids[1:], torch.tensor([0, 19]), ids[1:])
+        first = mtp_model.mtp_logprobs(mtp_model.token_logprobs(ids, cu, nxt).hidden, nxt, cu, mtp_targets(nxt, cu)[0])
+        second = mtp_model.mtp_logprobs(first.hidden[:-1], nxt[1:], torch.tensor([0, 19]), nxt[1:])
     assert first.hidden.shape == (20, mtp_model.config.hidden_size) and second.logprobs.isfinite().all()
+
+
+def test_mtp_loss_trains_the_mtp_layer_only(mtp_model):
+    """The main model enters mtp_logprobs detached: an MTP loss gives no main tensor a gradient."""
+    ids, nxt, cu = _packed(4)
+    out = mtp_model.token_logprobs(ids, cu, nxt)
+    mtp_model.mtp_logprobs(out.hidden, nxt, cu, mtp_targets(nxt, cu)[0]).logprobs.sum().backward()
+    grads = {n: p.grad for n, p in mtp_model.named_parameters()}
+    assert all(g is None for n, g in grads.items() if not n.startswith("model.mtp_layers."))
+    for own in ("enorm", "hnorm", "eh_proj", "shared_head.norm", "self_attn.q_b_proj", "mlp.gate"):  # not the
+        assert grads[f"model.mtp_layers.0.{own}.weight"].abs().sum() > 0, own  # indexer, nor unrouted experts
 
 
 def test_checkpoint_round_trip_keeps_mtp_tensors_and_outputs(mtp_model, tmp_path):
@@ -92,9 +104,9 @@ def test_checkpoint_round_trip_keeps_mtp_tensors_and_outputs(mtp_model, tmp_path
     ours, theirs = checkpoint_tensors(mtp_model), checkpoint_tensors(loaded)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
     assert {f"model.layers.4.{name}" for name in MTP_OWN} <= set(read_tensors(tmp_path))
-    ids, cu = _packed(2)
+    ids, nxt, cu = _packed(2)
     with torch.no_grad():
-        a, b = (m.mtp_logprobs(m.token_logprobs(ids, cu, ids).hidden, ids, cu, ids) for m in (mtp_model, loaded))
+        a, b = (m.mtp_logprobs(m.token_logprobs(ids, cu, nxt).hidden, nxt, cu, nxt) for m in (mtp_model, loaded))
     assert torch.equal(a.logprobs, b.logprobs)
 
 
@@ -115,8 +127,8 @@ def test_mtp_copies_of_embedding_and_head_are_written_back(mtp_model, mtp_config
 
 
 def test_policy_loss_gives_mtp_parameters_no_gradient(mtp_model):
-    ids, cu = _packed(3)
-    mtp_model.token_logprobs(ids, cu, ids.roll(-1)).logprobs.sum().backward()
+    ids, nxt, cu = _packed(3)
+    mtp_model.token_logprobs(ids, cu, nxt).logprobs.sum().backward()
     mtp_params = list(mtp_model.model.mtp_layers.parameters())
     assert mtp_params and all(p.grad is None for p in mtp_params)
     assert mtp_model.model.layers[1].self_attn.q_b_proj.weight.grad is not None

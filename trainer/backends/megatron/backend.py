@@ -45,6 +45,9 @@ INDEXER = ".core_attention.indexer."
 class MegatronBackend(TrainerBackend):
     def __init__(self, cfg: TrainerConfig, model: ModelSection, seed: int = 0) -> None:
         super().__init__(cfg, model, seed)
+        if cfg.mtp_loss_coef > 0:
+            raise ValueError("megatron backend: trainer.mtp_loss_coef must be 0 (online MTP training is torch-backend "
+                             "only: megatron-core trains its MTP block jointly with the decoder; docs/trainer.md)")
         cpu_shims.install()
         from trainer.backends.megatron.hf_weights import Ranks
         from trainer.backends.megatron.model import ParallelSizes

@@ -1,0 +1,57 @@
+"""Online MTP training: the MTP layer learns to predict the token after next on the tokens the policy
+generates, so its speculative drafts keep up with the policy being trained (as slime, Miles and SkyRL
+train it during RL).
+
+Position t of a packed batch reads x_{t+1} (its next-token target) and the main model's hidden h_t, and
+predicts x_{t+2}, the next position's target. It counts where that token is a loss token of the same
+sequence: the drafts that matter are drafts of generated tokens. The loss is the mean cross-entropy
+over the counted positions of the step (temperature 1). It reaches the MTP layer only:
+`Glm5ForCausalLM.mtp_logprobs` reads the main model detached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asyncrl.model.model import Glm5ForCausalLM, mtp_targets
+
+
+@dataclass
+class MTPTerms:
+    loss_sum: Tensor
+    """Sum of -log p(x_{t+2}) over the counted positions (carries the MTP layer's gradient)."""
+    correct: Tensor
+    """Counted positions where the MTP layer's greedy draft is x_{t+2}: its acceptance at temperature 0."""
+    count: int
+
+
+def mtp_loss_mask(loss_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """[N] bool: the positions the MTP loss counts (the next position's target is a loss token of the same
+    sequence)."""
+    _, valid = mtp_targets(loss_mask, cu_seqlens)
+    return valid & loss_mask.bool().roll(-1)
+
+
+def mtp_loss_terms(model: Glm5ForCausalLM, hidden: Tensor, targets: Tensor, cu_seqlens: Tensor,
+                   loss_mask: Tensor, **batch_options) -> MTPTerms:
+    """The MTP layer's terms on one packed batch whose main forward gave `hidden` (TokenLogprobs.hidden)
+    for next-token `targets`."""
+    goal, _ = mtp_targets(targets, cu_seqlens)
+    counted = mtp_loss_mask(loss_mask, cu_seqlens)
+    out = model.mtp_logprobs(hidden, targets, cu_seqlens, goal, **batch_options)
+    return MTPTerms(loss_sum=-(out.logprobs * counted).sum(), correct=((out.predicted == goal) & counted).sum(),
+                    count=int(counted.sum()))
+
+
+def clip_mtp_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the MTP layer's gradients on their own (the policy's clip must not see them, or the main
+    update would change with the MTP loss); a non-finite norm drops them, so AdamW skips the MTP layer
+    this step. -> the norm before clipping."""
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
+    if not torch.isfinite(torch.tensor(norm)):
+        for param in params:
+            param.grad = None
+    return norm
