@@ -21,14 +21,18 @@ import torch
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def splitmix64_uniform(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    """Uniform [0, 1) doubles, one per (seed, counter) pair; a pure function of its inputs."""
+def splitmix64(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """uint64 hash of each (seed, counter) pair (SplitMix64's output function); a pure function."""
     with np.errstate(over="ignore"):
         z = seeds.astype(np.uint64) + (counters.astype(np.uint64) + np.uint64(1)) * _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        return z ^ (z >> np.uint64(31))
+
+
+def splitmix64_uniform(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) doubles, one per (seed, counter) pair; a pure function of its inputs."""
+    return (splitmix64(seeds, counters) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 @dataclass
@@ -54,9 +58,11 @@ class SampleOutput:
     logprob_rows: torch.Tensor  # [B, V] float32: full log-softmax (for top_logprobs)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None) -> SampleOutput:
-    """logits [B, V] (fp32) -> one token per row. `banned` [B, V] bool: tokens that may not be drawn
-    (stop tokens before min_new_tokens); they keep their share of the reported log-probs."""
+def drawable_probs(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] -> (log_softmax(logits / temperature): the reported log-probs, temperature 1 for
+    greedy rows; the unnormalised weights a token is drawn with: their exp with the tokens top-k / top-p /
+    min-p exclude and `banned` ones zeroed). `sample` draws from them; speculative acceptance compares them."""
     greedy = batch.temperature <= 0
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     logprob_rows = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)  # [B, V]
@@ -65,15 +71,27 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Te
         probs = _filter(probs, batch)
     if banned is not None:
         probs = probs.masked_fill(banned, 0.0)
+    return logprob_rows, probs
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None) -> SampleOutput:
+    """logits [B, V] (fp32) -> one token per row. `banned` [B, V] bool: tokens that may not be drawn
+    (stop tokens before min_new_tokens); they keep their share of the reported log-probs."""
+    greedy = batch.temperature <= 0
+    logprob_rows, probs = drawable_probs(logits, batch, banned)
+    if banned is not None:
         logits = logits.masked_fill(banned, float("-inf"))
-    uniform = torch.from_numpy(splitmix64_uniform(batch.seeds, batch.counters)).to(probs.dtype)
-    cdf = probs.cumsum(dim=-1)  # [B, V]
-    targets = (uniform * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
-    drawn = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    tokens = drawn
+    tokens = draw(probs, torch.from_numpy(splitmix64_uniform(batch.seeds, batch.counters)))
     if bool(greedy.any()):  # max().indices: the first maximum, as argmax, and ~3x faster on CPU
-        tokens = torch.where(greedy, logits.max(dim=-1).indices, drawn)
+        tokens = torch.where(greedy, logits.max(dim=-1).indices, tokens)
     return SampleOutput(tokens, logprob_rows.gather(-1, tokens[:, None]).squeeze(-1), logprob_rows)
+
+
+def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One index per row of `weights` [B, V] (unnormalised, >= 0), by inverting its CDF at `uniform` [B]."""
+    cdf = weights.cumsum(dim=-1)  # [B, V]
+    targets = (uniform.to(weights.dtype) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
+    return torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
 
 
 def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
