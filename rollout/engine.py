@@ -71,6 +71,15 @@ class EngineArgs:
     may ask for them (return_routed_experts, for rollout routing replay)."""
     api_key: Optional[str] = field(default=None, repr=False)
     """SGLang's --api-key: every route but /health*, /metrics wants `Authorization: Bearer <key>` (never reported)."""
+    speculative_algorithm: Optional[str] = None
+    """SGLang's: NEXTN or EAGLE (the same here) drafts with the checkpoint's MTP layer and verifies the drafts
+    with rejection sampling (rollout/speculative.py); None: off."""
+    speculative_num_steps: int = 2
+    """SGLang's: drafts per decode step, the one MTP layer reused for each (GLM-5: 2)."""
+    speculative_eagle_topk: int = 1
+    """SGLang's: draft branches per step; only chains (1)."""
+    speculative_num_draft_tokens: Optional[int] = None
+    """SGLang's: tokens verified per step, num_steps + 1 for a chain (None: that)."""
     max_request_bytes: int = 8 * 1024 * 1024
     """Largest request body, bytes (413 beyond): ~1M prompt tokens as input_ids; update_weights_from_tensor,
     which carries whole models, has none. Parsing and tokenizing hold the GIL in part (~25 ms a MiB), so a
@@ -92,13 +101,15 @@ class Engine:
         self.tokenizer = _load_tokenizer(args)
         context = args.context_length or min(self.config.max_position_embeddings, args.max_total_tokens)
         self.context_length = context
+        self.num_draft_tokens = _draft_tokens(args, self.config.num_nextn_predict_layers)
         self.cache: Optional[KVCache] = self._new_cache()
         self.kv_bytes_per_token = self.cache.bytes_per_token
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_total_tokens, args.chunked_prefill_size, context,
-                            args.disable_radix_cache),
+                            args.disable_radix_cache, self.num_draft_tokens),
             forward=self._forward, decode_text=lambda ids: self.tokenizer.decode(ids),
-            read_routing=lambda slots: self.cache.routed_experts.index_select(0, slots))
+            read_routing=lambda slots: self.cache.routed_experts.index_select(0, slots),
+            draft_forward=self._draft_forward, read_hidden=lambda slots: self.cache.hidden.index_select(0, slots))
         self.scheduler.weight_version = args.weight_version
         self.eos_ids = frozenset(self.config.eos_token_ids)
         self._rng = random.Random(args.random_seed)
@@ -250,11 +261,15 @@ class Engine:
     # Engine thread ----------------------------------------------------------------------------
     def _new_cache(self) -> KVCache:
         return KVCache(self.config, self.args.max_total_tokens, dtype=self.model.dtype,
-                       record_routing=self.args.enable_return_routed_experts)
+                       record_routing=self.args.enable_return_routed_experts, mtp=self.num_draft_tokens > 0)
 
     def _forward(self, batch) -> torch.Tensor:
         with torch.inference_mode():
             return self.model.forward_batch(batch, self.cache)
+
+    def _draft_forward(self, hidden: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            return self.model.draft_batch(hidden, batch, self.cache)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -297,6 +312,25 @@ class Engine:
                 "is_generation": True, "preferred_sampling_params": None, "weight_version": self.weight_version,
                 "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
                 "served_model_name": self.args.served_model_name}
+
+
+def _draft_tokens(args: EngineArgs, mtp_layers: int) -> int:
+    """Drafts per decode step (0: no speculative decoding); a ValueError naming the flag it cannot serve."""
+    if args.speculative_algorithm is None:
+        return 0
+    if args.speculative_algorithm not in ("NEXTN", "EAGLE"):
+        raise ValueError(f"speculative_algorithm {args.speculative_algorithm!r}: only NEXTN / EAGLE (the MTP layer)")
+    if not mtp_layers:
+        raise ValueError("speculative_algorithm: the checkpoint has no MTP layer (num_nextn_predict_layers 0)")
+    if args.speculative_eagle_topk != 1:
+        raise ValueError(f"speculative_eagle_topk {args.speculative_eagle_topk}: only chains (1) are supported")
+    if args.speculative_num_steps < 1:
+        raise ValueError("speculative_num_steps: must be >= 1")
+    chain = args.speculative_num_steps + 1
+    if args.speculative_num_draft_tokens not in (None, chain):
+        raise ValueError(f"speculative_num_draft_tokens {args.speculative_num_draft_tokens}: a chain of "
+                         f"{args.speculative_num_steps} steps verifies {chain}")
+    return args.speculative_num_steps
 
 
 def _load_tokenizer(args: EngineArgs) -> Tokenizer:

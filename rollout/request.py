@@ -38,6 +38,10 @@ class Req:
     num_prefix_slots: int = 0
     prefix_node: Any = None
     cached_tokens: int = 0
+    mtp_done: int = 0
+    """Speculative decoding: MTP positions [0, mtp_done) have their KV rows (rollout/drafting.py)."""
+    spec_verify_ct: int = 0
+    """Speculative decoding: verification forwards so far (SGLang's meta_info field)."""
     kv_generation: int = 0
     """Cache generation (bumped by weight updates with flush) its KV was computed under."""
     routed_experts: Optional[torch.Tensor] = None

@@ -116,6 +116,8 @@ def response_body(req: Req, tokenizer: Tokenizer, current_version: str, view: Op
         "weight_version": spans[-1]["version"] if spans else current_version,
         "weight_versions": spans, "e2e_latency": time.monotonic() - req.created,
     }
+    if req.spec_verify_ct:  # SGLang's: accept length = completion_tokens / spec_verify_ct
+        meta["spec_verify_ct"] = req.spec_verify_ct
     if item.return_logprob:
         input_part, input_top = view.input_logprobs()
         meta["output_token_logprobs"], meta["input_token_logprobs"] = view.logprobs, input_part

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from asyncrl.model.batch import ForwardBatch
+from rollout.drafting import DraftForward, Drafter
 from rollout.prefix_cache import RadixCache
 from rollout.request import Req
 from rollout.sampler import SampleOutput, SamplingBatch, sample
+from rollout.speculative import Verdict, draft, verify
 from rollout.token_pool import TokenPool
 
 log = logging.getLogger("rollout.scheduler")
@@ -50,6 +52,8 @@ class SchedulerConfig:
     max_context_len: int
     disable_radix_cache: bool = False
     """Never reuse prefixes (baseline for measuring the cache's gain)."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: MTP drafts per decode step (0: off). Needs `draft_forward` and `read_hidden`."""
 
 
 @dataclass(slots=True)
@@ -59,10 +63,12 @@ class _Extend:
 
     req: Req
     take: int
+    drafts: int = 0
+    """Speculative decoding: the last `drafts` of the `take` tokens are drafts, verified by this step."""
     completes: bool = False
 
     def __post_init__(self) -> None:
-        self.completes = self.req.num_computed + self.take == self.req.all_len
+        self.completes = self.req.num_computed + self.take - self.drafts == self.req.all_len
 
 
 @dataclass(slots=True)
@@ -77,13 +83,21 @@ class _Step:
     out: Optional[SampleOutput]
     tokens: list[int]
     logprobs: list[float]
+    mtp_done: dict[Req, int] = field(default_factory=dict)
+    """Speculative decoding: each request's mtp_done after the step's MTP catch-up."""
+    verdict: Optional[Verdict] = None
+    """Speculative decoding: what the verification emits, rows in plan order (sample_index)."""
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, forward: Callable[[ForwardBatch], torch.Tensor],
                  decode_text: Callable[[list[int]], str],
-                 read_routing: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
-        """read_routing: slots -> the experts their tokens were routed to (for return_routed_experts)."""
+                 read_routing: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 draft_forward: Optional[DraftForward] = None,
+                 read_hidden: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+        """read_routing: slots -> the experts their tokens were routed to (for return_routed_experts).
+        draft_forward, read_hidden: the MTP layer and the pool's hidden rows (rollout/drafting.py), for
+        config.num_draft_tokens > 0."""
         self.config = config
         self.forward = forward
         self.decode_text = decode_text
@@ -95,7 +109,10 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.paused = False
-        self._req_to_slot = torch.zeros(config.max_running_requests, config.max_context_len, dtype=torch.long)
+        # + the drafts: a verify step near the context's end still writes k draft positions (then frees them)
+        width = config.max_context_len + config.num_draft_tokens
+        self._req_to_slot = torch.zeros(config.max_running_requests, width, dtype=torch.long)
+        self.drafter = (Drafter(draft_forward, read_hidden, self._req_to_slot) if config.num_draft_tokens else None)
         self._free_rows = list(range(config.max_running_requests - 1, -1, -1))
         self._last_step_prefill = False
         self.retractions = 0
@@ -157,7 +174,7 @@ class Scheduler:
         while self.waiting and self._free_rows:
             req = self.waiting[0]
             prefix, node = self._match_prefix(req)
-            need = req.all_len - len(prefix) + len(self.running) + 1  # + one decode slot per runner
+            need = req.all_len - len(prefix) + (len(self.running) + 1) * self._decode_take  # + a decode step each
             reclaimable = self.pool.available + self.cache.evictable_tokens - len(prefix)  # its prefix gets locked
             if need > reclaimable and self.running:
                 return  # FCFS: the head waits for memory rather than being overtaken
@@ -178,6 +195,7 @@ class Scheduler:
         req.row = self._free_rows.pop()
         self.cache.lock(node)
         req.prefix_node, req.num_prefix_slots, req.num_computed = node, len(prefix), len(prefix)
+        req.mtp_done = max(len(prefix) - 1, 0)  # the cached slots 1..R-1 hold MTP positions 0..R-2 (drafting.py)
         req.kv_generation = self.generation
         if not req.output_ids:
             req.cached_tokens = len(prefix)
@@ -192,7 +210,12 @@ class Scheduler:
         self._last_step_prefill = bool(prefer_prefill)
         if prefer_prefill:
             return self._allocate(self._prefill_plan(prefilling))
-        return self._allocate([_Extend(r, 1) for r in decoding])
+        return self._allocate([_Extend(r, self._decode_take, drafts=self._decode_take - 1) for r in decoding])
+
+    @property
+    def _decode_take(self) -> int:
+        """Tokens a decode step computes per request: its pending token, and the drafts."""
+        return 1 + self.config.num_draft_tokens
 
     def _prefill_plan(self, prefilling: list[Req]) -> list[_Extend]:
         budget, plan = self.config.chunked_prefill_size, []
@@ -244,7 +267,10 @@ class Scheduler:
             self._apply(e, step)
 
     def _compute(self, plan: list[_Extend]) -> "_Step":
-        """The batched part of a step: forward and sampling. It changes no request, so it can be re-run."""
+        """The batched part of a step: forward and sampling. It changes no request (only KV rows of its
+        slots), so it can be re-run."""
+        if plan[0].drafts:
+            return self._compute_verify(plan)
         batch, sample_rows, input_rows = self._forward_batch(plan)
         logits = self.forward(batch)  # [M, V]
         sampled = [e.req for e in plan if e.completes]
@@ -253,17 +279,53 @@ class Scheduler:
             out = sample(logits[sample_rows], self._sampling_batch(sampled),
                          banned=self._banned(sampled, logits.shape[-1]))
         tokens, logprobs = (out.token_ids.tolist(), out.logprobs.tolist()) if out is not None else ([], [])
-        return _Step(logits, {e.req: rows for e, rows in input_rows}, {req: i for i, req in enumerate(sampled)},
+        step = _Step(logits, {e.req: rows for e, rows in input_rows}, {req: i for i, req in enumerate(sampled)},
                      out, tokens, logprobs)
+        if self.drafter:  # MTP positions whose next token and slot now exist (drafting.py)
+            spans = [(e.req, e.req.num_computed + e.take - 1) for e in plan]
+            spans = [(req, end) for req, end in spans if end > req.mtp_done]
+            if spans:
+                self.drafter.catch_up(spans, want_logits=False)
+            step.mtp_done = {req: end for req, end in spans}
+        return step
+
+    def _compute_verify(self, plan: list[_Extend]) -> "_Step":
+        """Speculative decode step (drafting.py): catch up the MTP layer, draft k tokens, verify them with
+        one target forward over [pending token, drafts], accept by rejection sampling (speculative.py)."""
+        reqs, k = [e.req for e in plan], self.config.num_draft_tokens
+        starts = [req.num_computed for req in reqs]
+        logits, hidden = self.drafter.catch_up([(req, c) for req, c in zip(reqs, starts)], want_logits=True)
+        drafts, probs = [], []
+        for i in range(k):
+            if i:
+                logits, hidden = self.drafter.chain(reqs, [c + i - 1 for c in starts], drafts[-1], hidden)
+            token, q = draft(logits, self._sampling_batch(reqs, offset=i), self._banned(reqs, logits.shape[-1], i))
+            drafts.append(token)
+            probs.append(q)
+        ids = torch.stack([torch.tensor([req.pending_ids(1)[0] for req in reqs]), *drafts], 1)  # [B, k + 1]
+        context_lens = torch.tensor(starts) + k + 1
+        batch = ForwardBatch(input_ids=ids.flatten(), extend_lens=torch.full((len(reqs),), k + 1),
+                             context_slots=self._req_to_slot[[req.row for req in reqs], :int(context_lens.max())],
+                             context_lens=context_lens)
+        target = self.forward(batch).view(len(reqs), k + 1, -1)
+        banned = [self._banned(reqs, target.shape[-1], i) for i in range(k + 1)]
+        banned = None if all(b is None for b in banned) else torch.stack(
+            [b if b is not None else torch.zeros(len(reqs), target.shape[-1], dtype=torch.bool) for b in banned], 1)
+        verdict = verify(target, torch.stack(drafts, 1), torch.stack(probs, 1), self._sampling_batch(reqs), banned)
+        return _Step(target, {}, {req: i for i, req in enumerate(reqs)}, None, [], [],
+                     mtp_done=dict(zip(reqs, starts)), verdict=verdict)
 
     def _apply(self, e: _Extend, step: "_Step") -> None:
         """One request's part of a step; a failure here aborts that request alone."""
         req = e.req
         start, req.num_computed = req.num_computed, req.num_computed + e.take  # the KV is written
+        req.mtp_done = step.mtp_done.get(req, req.mtp_done)
         try:
+            if step.verdict is not None:
+                self._take_verified(e, step, start)
             if req in step.input_rows:
                 self._record_input_logprobs(req, start, step.logits[step.input_rows[req]])
-            if req in step.sample_index:
+            if req in step.sample_index and step.verdict is None:
                 self._take_sample(req, step, step.sample_index[req])
             if req.finished:
                 self._release(req, finished=True)
@@ -346,7 +408,27 @@ class Scheduler:
         req.append_token(step.tokens[i], step.logprobs[i], self.weight_version, top)
         req.check_stop_strings(self.decode_text)
 
-    def _sampling_batch(self, reqs: list[Req]) -> SamplingBatch:
+    def _take_verified(self, e: _Extend, step: "_Step", start: int) -> None:
+        """The tokens verification emits for the request (up to a stop or max_new_tokens); the target KV of
+        the drafts after the last emitted token is dropped (its slots freed)."""
+        req, i, verdict = e.req, step.sample_index[e.req], step.verdict
+        req.spec_verify_ct += 1
+        emitted = 0
+        if req.item.sampling.max_new_tokens == 0:
+            req.finish_reason = {"type": "length", "length": 0}
+        for j in range(int(verdict.accepted[i]) + 1):
+            if req.finished:
+                break
+            rows = verdict.logprob_rows[i, j:j + 1]
+            top = _top(rows, req.item.top_logprobs_num)[0] if req.item.top_logprobs_num else None
+            req.append_token(int(verdict.tokens[i, j]), float(verdict.logprobs[i, j]), self.weight_version, top)
+            req.check_stop_strings(self.decode_text)
+            emitted += 1
+        req.num_computed = start + max(emitted, 1)  # the pending token and the drafts kept before the last one
+        self.pool.free(self._req_to_slot[req.row, req.num_computed:start + e.take].numpy().copy())
+
+    def _sampling_batch(self, reqs: list[Req], offset: int = 0) -> SamplingBatch:
+        """offset: sampling the token `offset` places after the next one (a draft or a verified position)."""
         params = [r.item.sampling for r in reqs]
         return SamplingBatch(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
@@ -354,13 +436,13 @@ class Scheduler:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
             min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
             seeds=np.array([r.seed for r in reqs], dtype=np.uint64),
-            counters=np.array([len(r.output_ids) for r in reqs], dtype=np.uint64),
+            counters=np.array([len(r.output_ids) + offset for r in reqs], dtype=np.uint64),
         )
 
     @staticmethod
-    def _banned(reqs: list[Req], vocab: int) -> Optional[torch.Tensor]:
+    def _banned(reqs: list[Req], vocab: int, offset: int = 0) -> Optional[torch.Tensor]:
         """Stop tokens may not be drawn before min_new_tokens (they stay in the reported log-probs)."""
-        early = [(i, r) for i, r in enumerate(reqs) if len(r.output_ids) < r.item.sampling.min_new_tokens]
+        early = [(i, r) for i, r in enumerate(reqs) if len(r.output_ids) + offset < r.item.sampling.min_new_tokens]
         if not early:
             return None
         mask = torch.zeros(len(reqs), vocab, dtype=torch.bool)
@@ -378,9 +460,12 @@ class Scheduler:
             req.routed_experts = self.read_routing(self._req_to_slot[req.row, :computed])
         slots = self._req_to_slot[req.row, :req.num_computed].numpy().copy()
         if req.kv_generation == self.generation and req.num_computed > 0 and not self.config.disable_radix_cache:
+            # with MTP rows, only slots whose MTP row is computed are shared (slot j: MTP position j - 1)
+            cached = min(req.num_computed, req.mtp_done + 1) if self.drafter else req.num_computed
             # tokens [0, already) were cached before: the prefix's own slots, or duplicates to free
-            already = self.cache.insert(np.asarray(req.computed_ids(), dtype=np.int64), slots)
+            already = self.cache.insert(np.asarray(req.computed_ids()[:cached], dtype=np.int64), slots[:cached])
             self.pool.free(slots[req.num_prefix_slots:already])
+            self.pool.free(slots[cached:])
         else:
             self.pool.free(slots[req.num_prefix_slots:])
         self.cache.unlock(req.prefix_node)
@@ -389,7 +474,7 @@ class Scheduler:
 
     def _retract(self, req: Req) -> None:
         self._release(req, finished=False)
-        req.num_computed, req.num_prefix_slots = 0, 0
+        req.num_computed, req.num_prefix_slots, req.mtp_done = 0, 0, 0
         self.waiting.appendleft(req)
         log.info("retracted %s (%d tokens) to free KV memory", req.rid, req.all_len)
         self.retractions += 1

@@ -198,6 +198,13 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[EngineArgs, Optional[s
                         f"default ${ENGINE_API_KEY_ENV}, which keeps it off the command line)")
     p.add_argument("--max-request-bytes", type=int, default=EngineArgs.max_request_bytes,
                    help="largest request body (413 beyond); update_weights_from_tensor has no limit")
+    p.add_argument("--speculative-algorithm", choices=["NEXTN", "EAGLE"],
+                   help="speculative decoding with the checkpoint's MTP layer (SGLang's flag; NEXTN = EAGLE here)")
+    p.add_argument("--speculative-num-steps", type=int, default=EngineArgs.speculative_num_steps,
+                   help="MTP drafts per decode step, the one layer reused for each (SGLang's flag)")
+    p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branches per step: only 1 (a chain)")
+    p.add_argument("--speculative-num-draft-tokens", type=int,
+                   help="tokens verified per step: num_steps + 1 for a chain (the default)")
     p.add_argument("--url-file", help="write the bound URL here once serving")
     args = vars(p.parse_args(argv))
     if args["stream_interval"] < 1:

@@ -38,19 +38,33 @@ class Verdict:
     tokens: torch.Tensor
     """[B, k + 1] int64: per row the accepted drafts, then the correction or bonus token at index
     `accepted`; entries after it are 0 and not emitted."""
+    logprob_rows: torch.Tensor
+    """[B, k + 1, V] log_softmax(target logits / temperature) of each position (temperature 1 for greedy
+    rows): the log-probs reported for the emitted tokens, as `sample` reports them."""
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        """[B, k + 1] the reported log-prob of each entry of `tokens`."""
+        return self.logprob_rows.gather(-1, self.tokens[..., None]).squeeze(-1)
 
 
 def distribution(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, V] normalised probabilities of the token `sample` draws from `logits`: one-hot on the first
     maximum of the unbanned logits for greedy rows."""
-    _, weights = drawable_probs(logits, batch, banned)
+    return _target(logits, batch, banned)[1]
+
+
+def _target(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (the reported log-prob rows, the normalised distribution a token is drawn from)."""
+    logprob_rows, weights = drawable_probs(logits, batch, banned)
     probs = weights / weights.sum(-1, keepdim=True)
     greedy = batch.temperature <= 0
     if bool(greedy.any()):
         masked = logits if banned is None else logits.masked_fill(banned, float("-inf"))
         one_hot = torch.zeros_like(probs).scatter_(1, masked.max(dim=-1).indices[:, None], 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
-    return probs
+    return logprob_rows, probs
 
 
 def draft(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None
@@ -69,22 +83,24 @@ def verify(target_logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch
     tokens = torch.zeros(rows, width, dtype=torch.long)
     accepted = torch.zeros(rows, dtype=torch.long)
     alive = torch.ones(rows, dtype=torch.bool)
+    logprob_rows = []
     for i in range(width):
         at = replace(batch, counters=batch.counters + np.uint64(i))
-        p = distribution(target_logits[:, i].float(), at, None if banned is None else banned[:, i])
+        rows_i, p = _target(target_logits[:, i].float(), at, None if banned is None else banned[:, i])
+        logprob_rows.append(rows_i)
         if i < width - 1:
             d, q = drafts[:, i], draft_probs[:, i]
             u = _uniform(at, ACCEPT).to(p.dtype)
             ok = alive & (u * q.gather(1, d[:, None]).squeeze(1) < p.gather(1, d[:, None]).squeeze(1))
             residual = (p - q).clamp_min(0.0)
-            residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)  # p == q: never rejected
-        else:
+            residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+        else:  # every draft accepted: the bonus token comes from p (p == q above: never rejected)
             d, ok, residual = torch.zeros_like(accepted), torch.zeros_like(alive), p
         emitted = draw(residual, _uniform(at, CORRECT))
         tokens[:, i] = torch.where(ok, d, torch.where(alive, emitted, 0))
         accepted += ok.long()
         alive &= ok
-    return Verdict(accepted, tokens)
+    return Verdict(accepted, tokens, torch.stack(logprob_rows, 1))
 
 
 def _uniform(batch: SamplingBatch, stream: np.uint64) -> torch.Tensor:

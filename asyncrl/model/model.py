@@ -144,9 +144,21 @@ class Glm5ForCausalLM(nn.Module):
         -> fp32 logits [M, vocab] of rows batch.logits_indices (all N rows if None).
         """
         hidden, _ = self.model(batch, cache)
+        if cache is not None and cache.hidden is not None:  # the MTP layer's input (speculative decoding)
+            cache.hidden.index_copy_(0, batch.write_slots, hidden.to(cache.hidden.dtype))
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
         return self.lm_head(hidden).float()
+
+    def draft_batch(self, hidden: torch.Tensor, batch: ForwardBatch, cache: KVCache, layer: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP layer over a batch whose input_ids are the next tokens x_{t+1} of its positions t and
+        `hidden` [N, H] their h_t (or a previous draft's output); writes the layer's cache rows at the
+        batch's slots. -> (fp32 logits [M, vocab] of rows batch.logits_indices, the normed output [N, H])."""
+        ctx = AttentionContext(batch, self.model.rotary_emb(batch.positions), cache)
+        out = self.model.mtp_layers[layer](hidden, self.model.embed_tokens(batch.input_ids), ctx)
+        rows = out if batch.logits_indices is None else out[batch.logits_indices]
+        return self.lm_head(rows).float(), out
 
     def forward(self, input_ids: torch.Tensor, **batch_options) -> torch.Tensor:
         """Full teacher-forced logits of equal-length sequences: input_ids [B, T] -> fp32 [B, T, vocab]."""

@@ -94,3 +94,40 @@ def argmax_continuation(model, prompt: list[int], steps: int) -> list[int]:
         for _ in range(steps):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+DRAFT_PROMPTS = [[1000 + (7 * i + 3 * j) % 24 for j in range(6 + i % 5)] for i in range(48)]
+"""Prompts the drafting checkpoint's MTP layer was trained on (its drafts are accepted there)."""
+SHARPEN = 25.0
+"""The drafting checkpoint's output head is the tiny model's times this (the greedy tokens are the same)."""
+
+
+@pytest.fixture(scope="session")
+def drafting_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The seed-0 tiny model, its output head sharpened (SHARPEN), with its MTP layer trained for 40 steps on the model's own greedy continuations
+    of DRAFT_PROMPTS (the MTP loss, trainer/mtp_loss.py): drafts the target mostly accepts."""
+    from asyncrl.model.generate import greedy_generate
+    from asyncrl.model.io import save_pretrained
+    from trainer.mtp_loss import mtp_loss_terms
+
+    model = load_pretrained(tiny_checkpoint).eval()
+    with torch.no_grad():  # sharper next-token distributions (a random init's are near-uniform at temperature 1),
+        model.lm_head.weight.mul_(SHARPEN)  # so that sampled tokens tell a right acceptance rule from a wrong one
+    seqs = [p + o for p, o in zip(DRAFT_PROMPTS, greedy_generate(model, DRAFT_PROMPTS, 40))]
+    ids = torch.tensor([t for s in seqs for t in s[:-1]])
+    targets = torch.tensor([t for s in seqs for t in s[1:]])
+    cu_seqlens = torch.tensor([0, *torch.tensor([len(s) - 1 for s in seqs]).cumsum(0).tolist()])
+    with torch.no_grad():
+        hidden = model.token_logprobs(ids, cu_seqlens, targets, with_entropy=False).hidden
+    optimizer = torch.optim.AdamW(model.model.mtp_layers.parameters(), lr=3e-3)
+    for _ in range(40):
+        terms = mtp_loss_terms(model, hidden, targets, cu_seqlens, torch.ones_like(targets, dtype=torch.bool))
+        optimizer.zero_grad()
+        (terms.loss_sum / terms.count).backward()
+        optimizer.step()
+    assert terms.correct / terms.count > 0.8  # the drafts it will make are mostly right
+    with torch.no_grad():  # an overconfident drafter (q much sharper than p): a wrong acceptance rule shows
+        model.model.mtp_layers[0].shared_head.norm.weight.mul_(4.0)
+    path = tmp_path_factory.mktemp("tiny-drafting")
+    save_pretrained(model, path)
+    return path

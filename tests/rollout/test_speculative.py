@@ -120,3 +120,14 @@ def test_a_request_draws_the_same_tokens_in_any_batch():
     assert verdict.tokens[2].tolist() == alone.tokens[0].tolist() and verdict.accepted[2] == alone.accepted[0]
     again = verify(target, torch.stack([d for d, _ in drafts], 1), torch.stack([q for _, q in drafts], 1), full)
     assert torch.equal(again.tokens, verdict.tokens)
+
+
+
+def test_reported_logprobs_are_the_targets():
+    generator = torch.Generator().manual_seed(2)
+    target = torch.randn(8, 3, V, generator=generator)
+    d, q = draft(torch.randn(8, V, generator=generator), batch(8, temperature=0.8))
+    drafts = torch.stack([d, d], 1)
+    verdict = verify(target, drafts, torch.stack([q, q], 1), batch(8, temperature=0.8))
+    expected = (target / 0.8).log_softmax(-1).gather(-1, verdict.tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(verdict.logprobs, expected)
