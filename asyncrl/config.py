@@ -129,6 +129,13 @@ class RolloutConfig:
     incremental_streaming_output: bool = True
     """Engines stream only what is new in each event (SGLang's --incremental-streaming-output), so a long
     streamed turn costs the gateway O(tokens), not O(tokens^2); asyncrl's engine client reads both modes."""
+    speculative: bool = False
+    """MTP speculative decoding in the engines: the checkpoint's MTP layer drafts speculative_num_steps
+    tokens per decode step, one target forward verifies them by rejection sampling, so tokens, log-probs
+    and their distribution are the same as without it (docs/engine.md). SGLang's EAGLE flags on both
+    backends. Off by default: on CPU it pays only with a well-trained MTP layer (bench/results/speculative.md)."""
+    speculative_num_steps: int = 2
+    """Drafts per decode step (SGLang's --speculative-num-steps), the one MTP layer reused for each (GLM-5: 2)."""
     health_check_interval_s: float = 10.0
     """Seconds between health checks of each engine process; a failed or dead one is restarted."""
     health_check_timeout_s: float = 30.0

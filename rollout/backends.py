@@ -41,7 +41,14 @@ class EngineBackend(ABC):
     def common_flags(self) -> list[str]:
         """Flags both servers spell the same way (the CPU engine mirrors SGLang's)."""
         flags = ["--incremental-streaming-output"] if self.cfg.incremental_streaming_output else []
-        return flags + (["--enable-return-routed-experts"] if self.cfg.routing_replay else [])
+        flags += ["--enable-return-routed-experts"] if self.cfg.routing_replay else []
+        return flags + (self._speculative_flags() if self.cfg.speculative else [])
+
+    def _speculative_flags(self) -> list[str]:
+        """SGLang's MTP recipe (EAGLE with the checkpoint's own MTP layer, a chain: top-k 1, steps + 1 tokens)."""
+        steps = self.cfg.speculative_num_steps
+        return ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1)]
 
     @abstractmethod
     def command(self, spec: LaunchSpec) -> list[str]:

@@ -38,6 +38,10 @@ class EngineMetrics:
         self.prompt_tokens = Counter("sglang_prompt_tokens", "prompt tokens", registry=r)
         self.generation_tokens = Counter("sglang_generation_tokens", "generated tokens", registry=r)
         self.cached_tokens = Counter("sglang_cached_tokens", "prompt tokens served from the prefix cache", registry=r)
+        self.spec_verify = Counter("sglang_spec_verify", "speculative decoding: verification forwards of finished "
+                                   "requests (accept length = sglang_spec_tokens / this)", registry=r)
+        self.spec_tokens = Counter("sglang_spec_tokens", "speculative decoding: tokens those forwards emitted",
+                                   registry=r)
         self.e2e_latency = Histogram("sglang_e2e_request_latency_seconds", "request latency", registry=r,
                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
         r.register(_LoadGauges(engine.scheduler.loads))
@@ -47,4 +51,7 @@ class EngineMetrics:
         self.prompt_tokens.inc(len(req.prompt))
         self.generation_tokens.inc(len(req.output_ids))
         self.cached_tokens.inc(req.cached_tokens)
+        if req.spec_verify_ct:
+            self.spec_verify.inc(req.spec_verify_ct)
+            self.spec_tokens.inc(len(req.output_ids))
         self.e2e_latency.observe(time.monotonic() - req.created)

@@ -186,6 +186,8 @@ ENGINE_VALUES: dict[str, tuple[Any, str, Any]] = {
     "incremental_streaming_output": (True, "incremental_streaming_output", True),
     "routing_replay": (True, "enable_return_routed_experts", True),
     "cpu_args": (["--served-model-name", "propagated"], "served_model_name", "propagated"),
+    "speculative": (True, "speculative_algorithm", "EAGLE"),
+    "speculative_num_steps": (3, "speculative_num_steps", 3),
 }
 NOT_FOR_THE_ENGINE_PROCESS = {
     "backend": "the engine actor: which EngineBackend builds the command (tests/rollout/test_actor.py)",

@@ -195,6 +195,9 @@ class MetaInfo(BaseModel):
     routed_experts: Optional[str] = None
     """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok]
     (asyncrl.engine_response.routed_experts decodes it)."""
+    spec_verify_ct: Optional[int] = None
+    """Speculative decoding (SGLang's): verification forwards of the request; accept length =
+    completion_tokens / spec_verify_ct. Absent without speculation."""
 
 
 class GenerateResponse(BaseModel):

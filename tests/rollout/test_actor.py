@@ -122,6 +122,12 @@ def test_sglang_backend_uses_dsa_flags_and_fails_clearly(tmp_path, monkeypatch):
     assert "--enable-return-routed-experts" in make_backend(RolloutConfig(backend="sglang", routing_replay=True)).command(
         LaunchSpec("/ckpt", "0.0.0.0", 30000, "3", tmp_path / "log"))
     assert backend.environment() == {"SGLANG_DSA_FUSE_TOPK": "0"}
+    assert "--speculative-algorithm" not in argv
+    spec = make_backend(RolloutConfig(backend="sglang", speculative=True, speculative_num_steps=3)).command(
+        LaunchSpec("/ckpt", "0.0.0.0", 30000, "3", tmp_path / "log"))
+    for flag, value in [("--speculative-algorithm", "EAGLE"), ("--speculative-num-steps", "3"),
+                        ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", "4")]:
+        assert spec[spec.index(flag) + 1] == value  # SGLang's MTP recipe (docs/engine.md)
     with pytest.raises(RuntimeError, match="needs SGLang"):
         backend.check_available()
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object())

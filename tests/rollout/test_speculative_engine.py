@@ -178,3 +178,38 @@ def test_an_in_place_weight_update_mid_request_splits_the_version_spans(drafting
         assert req.spec_verify_ct < len(req.output_ids)  # speculation ran (accepted drafts) before the update
     finally:
         engine.stop()
+
+
+async def test_the_server_reports_verify_counts_and_acceptance(drafting_checkpoint, tmp_path):
+    """Over HTTP: SGLang's flags start it, meta_info carries spec_verify_ct, /metrics the acceptance counters."""
+    import httpx
+
+    from asyncrl.engine_client import EngineClient
+    from tests.rollout.conftest import start_engine
+
+    proc = start_engine(drafting_checkpoint, tmp_path, "--speculative-algorithm", "EAGLE", "--speculative-num-steps",
+                        "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3")
+    try:
+        async with EngineClient(proc.url, timeout_s=60) as client:
+            out = await client.generate(DRAFT_PROMPTS[2], {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+        verify = out.meta_info.spec_verify_ct
+        assert out.meta_info.completion_tokens / verify > 1.5
+        metrics = httpx.get(f"{proc.url}/metrics", timeout=30).text
+        assert f"sglang_spec_verify_total {float(verify)}" in metrics and "sglang_spec_tokens_total 24.0" in metrics
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_engines_refuse_speculation_they_cannot_serve(tiny_checkpoint, tmp_path):
+    from asyncrl.config import load_model_section
+    from asyncrl.model.io import save_pretrained
+    from asyncrl.model.model import Glm5ForCausalLM
+    import dataclasses
+
+    no_mtp = dataclasses.replace(load_model_section("tiny").arch, num_nextn_predict_layers=0)
+    save_pretrained(Glm5ForCausalLM.from_config(no_mtp, seed=0), tmp_path / "no-mtp")
+    for path, extra, message in [(tmp_path / "no-mtp", {}, "no MTP layer"),
+                                 (tiny_checkpoint, {"speculative_eagle_topk": 4}, "only chains"),
+                                 (tiny_checkpoint, {"speculative_num_draft_tokens": 5}, "verifies 3")]:
+        with pytest.raises(ValueError, match=message):
+            Engine(EngineArgs(model_path=str(path), **SPEC, **extra))
