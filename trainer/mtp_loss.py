@@ -55,3 +55,23 @@ def clip_mtp_gradients(params: list[torch.nn.Parameter], max_norm: float) -> flo
         for param in params:
             param.grad = None
     return norm
+
+
+def fit_mtp_layer(model: Glm5ForCausalLM, sequences: list[list[int]], steps: int, lr: float = 3e-3) -> float:
+    """Train only the MTP layer for `steps` full-batch AdamW steps on token sequences (e.g. the model's own
+    generations: a drafter for a checkpoint whose MTP layer is untrained). -> the last step's greedy
+    draft accuracy (the temperature-0 accept rate of one draft)."""
+    ids = torch.tensor([t for s in sequences for t in s[:-1]])
+    targets = torch.tensor([t for s in sequences for t in s[1:]])
+    cu_seqlens = torch.tensor([0, *torch.tensor([len(s) - 1 for s in sequences]).cumsum(0).tolist()])
+    with torch.no_grad():
+        hidden = model.token_logprobs(ids, cu_seqlens, targets, with_entropy=False).hidden
+    optimizer = torch.optim.AdamW(model.model.mtp_layers.parameters(), lr=lr)
+    accuracy = 0.0
+    for _ in range(steps):
+        terms = mtp_loss_terms(model, hidden, targets, cu_seqlens, torch.ones_like(targets, dtype=torch.bool))
+        optimizer.zero_grad()
+        (terms.loss_sum / terms.count).backward()
+        optimizer.step()
+        accuracy = float(terms.correct) / terms.count
+    return accuracy
