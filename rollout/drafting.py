@@ -40,30 +40,31 @@ class Drafter:
     def catch_up(self, spans: list[tuple[Req, int]], want_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP positions [req.mtp_done, end) of each (req, end) (end > mtp_done; x_end known and slots up to
         end allocated), one extend. -> logits [B, V] (if wanted) and outputs [B, H] of each span's last position."""
-        ids, hidden_slots, extend_lens, ends = [], [], [], []
+        ids, rows, cols, extend_lens, ends = [], [], [], [], []
         for req, end in spans:
-            tokens = req.prompt + req.output_ids
-            ids.extend(tokens[req.mtp_done + 1:end + 1])
-            hidden_slots.append(self.req_to_slot[req.row, req.mtp_done:end])
+            ids.extend(req.token_slice(req.mtp_done + 1, end + 1))
+            rows.extend([req.row] * (end - req.mtp_done))
+            cols.extend(range(req.mtp_done, end))
             extend_lens.append(end - req.mtp_done)
             ends.append(end)
-        last = torch.tensor(extend_lens).cumsum(0) - 1
-        batch = self._batch(spans, torch.tensor(ids), extend_lens, ends, last if want_logits else last[:0])
-        logits, out = self.forward(self.read_hidden(torch.cat(hidden_slots)), batch)
+        lens = torch.tensor(extend_lens)
+        last = lens.cumsum(0) - 1
+        batch = self._batch(spans, torch.tensor(ids), lens, ends, last if want_logits else last[:0])
+        logits, out = self.forward(self.read_hidden(self.req_to_slot[rows, cols]), batch)
         return logits, out[last]
 
     def chain(self, reqs: list[Req], positions: list[int], tokens: torch.Tensor, hidden: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """One MTP position per request (positions[i], whose next token is tokens[i], hidden[i] the
         previous draft's output) -> logits [B, V] and outputs [B, H]."""
-        batch = self._batch([(r, p + 1) for r, p in zip(reqs, positions)], tokens, [1] * len(reqs),
-                            [p + 1 for p in positions], None)
+        batch = self._batch([(r, p + 1) for r, p in zip(reqs, positions)], tokens,
+                            torch.ones(len(reqs), dtype=torch.long), [p + 1 for p in positions], None)
         return self.forward(hidden, batch)
 
-    def _batch(self, spans: list[tuple[Req, int]], ids: torch.Tensor, extend_lens: list[int], ends: list[int],
+    def _batch(self, spans: list[tuple[Req, int]], ids: torch.Tensor, extend_lens: torch.Tensor, ends: list[int],
                logits_indices) -> ForwardBatch:
         """MTP positions ending at `ends` (exclusive): context slots 1..end of each request."""
         rows = [req.row for req, _ in spans]
-        return ForwardBatch(input_ids=ids.long(), extend_lens=torch.tensor(extend_lens),
+        return ForwardBatch(input_ids=ids.long(), extend_lens=extend_lens,
                             context_slots=self.req_to_slot[rows, 1:max(ends) + 1], context_lens=torch.tensor(ends),
                             logits_indices=logits_indices)

@@ -67,6 +67,13 @@ class Req:
             return self.output_ids[start - n:start - n + count]
         return (self.prompt[start:] + self.output_ids)[:count]
 
+    def token_slice(self, lo: int, hi: int) -> list[int]:
+        """Tokens [lo, hi) of prompt + output, without copying the whole sequence."""
+        n = len(self.prompt)
+        if lo >= n:
+            return self.output_ids[lo - n:hi - n]
+        return self.prompt[lo:hi] + self.output_ids[:max(hi - n, 0)]
+
     def computed_ids(self) -> list[int]:
         return (self.prompt + self.output_ids)[:self.num_computed]
 

@@ -12,7 +12,7 @@ and min-p only restrict which tokens can be drawn; they do not renormalise the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -45,6 +45,11 @@ class SamplingBatch:
     min_p: torch.Tensor  # [B] float32
     seeds: np.ndarray  # [B] uint64
     counters: np.ndarray  # [B] uint64: tokens this request has sampled so far
+
+    def shifted(self, offset: int) -> "SamplingBatch":
+        """The same rows sampling the token `offset` places after their next one (a draft or a verified
+        position of speculative decoding)."""
+        return replace(self, counters=self.counters + np.uint64(offset))
 
     @property
     def needs_filtering(self) -> bool:

@@ -87,6 +87,8 @@ class _Step:
     """Speculative decoding: each request's mtp_done after the step's MTP catch-up."""
     verdict: Optional[Verdict] = None
     """Speculative decoding: what the verification emits, rows in plan order (sample_index)."""
+    verified: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    """Speculative decoding: per verdict row, the tokens it emits and their log-probs (plain lists)."""
 
 
 class Scheduler:
@@ -294,12 +296,13 @@ class Scheduler:
         one target forward over [pending token, drafts], accept by rejection sampling (speculative.py)."""
         reqs, k = [e.req for e in plan], self.config.num_draft_tokens
         starts = [req.num_computed for req in reqs]
+        sampling = self._sampling_batch(reqs)
         logits, hidden = self.drafter.catch_up([(req, c) for req, c in zip(reqs, starts)], want_logits=True)
         drafts, probs = [], []
         for i in range(k):
             if i:
                 logits, hidden = self.drafter.chain(reqs, [c + i - 1 for c in starts], drafts[-1], hidden)
-            token, q = draft(logits, self._sampling_batch(reqs, offset=i), self._banned(reqs, logits.shape[-1], i))
+            token, q = draft(logits, sampling.shifted(i), self._banned(reqs, logits.shape[-1], i))
             drafts.append(token)
             probs.append(q)
         ids = torch.stack([torch.tensor([req.pending_ids(1)[0] for req in reqs]), *drafts], 1)  # [B, k + 1]
@@ -311,9 +314,11 @@ class Scheduler:
         banned = [self._banned(reqs, target.shape[-1], i) for i in range(k + 1)]
         banned = None if all(b is None for b in banned) else torch.stack(
             [b if b is not None else torch.zeros(len(reqs), target.shape[-1], dtype=torch.bool) for b in banned], 1)
-        verdict = verify(target, torch.stack(drafts, 1), torch.stack(probs, 1), self._sampling_batch(reqs), banned)
+        verdict = verify(target, torch.stack(drafts, 1), torch.stack(probs, 1), sampling, banned)
+        verified = [(tokens[:n + 1], logprobs[:n + 1]) for tokens, logprobs, n in
+                    zip(verdict.tokens.tolist(), verdict.logprobs.tolist(), verdict.accepted.tolist())]
         return _Step(target, {}, {req: i for i, req in enumerate(reqs)}, None, [], [],
-                     mtp_done=dict(zip(reqs, starts)), verdict=verdict)
+                     mtp_done=dict(zip(reqs, starts)), verdict=verdict, verified=verified)
 
     def _apply(self, e: _Extend, step: "_Step") -> None:
         """One request's part of a step; a failure here aborts that request alone."""
@@ -416,19 +421,18 @@ class Scheduler:
         emitted = 0
         if req.item.sampling.max_new_tokens == 0:
             req.finish_reason = {"type": "length", "length": 0}
-        for j in range(int(verdict.accepted[i]) + 1):
+        for j, (token, logprob) in enumerate(zip(*step.verified[i])):
             if req.finished:
                 break
             rows = verdict.logprob_rows[i, j:j + 1]
             top = _top(rows, req.item.top_logprobs_num)[0] if req.item.top_logprobs_num else None
-            req.append_token(int(verdict.tokens[i, j]), float(verdict.logprobs[i, j]), self.weight_version, top)
+            req.append_token(token, logprob, self.weight_version, top)
             req.check_stop_strings(self.decode_text)
             emitted += 1
         req.num_computed = start + max(emitted, 1)  # the pending token and the drafts kept before the last one
         self.pool.free(self._req_to_slot[req.row, req.num_computed:start + e.take].numpy().copy())
 
-    def _sampling_batch(self, reqs: list[Req], offset: int = 0) -> SamplingBatch:
-        """offset: sampling the token `offset` places after the next one (a draft or a verified position)."""
+    def _sampling_batch(self, reqs: list[Req]) -> SamplingBatch:
         params = [r.item.sampling for r in reqs]
         return SamplingBatch(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
@@ -436,7 +440,7 @@ class Scheduler:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
             min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
             seeds=np.array([r.seed for r in reqs], dtype=np.uint64),
-            counters=np.array([len(r.output_ids) + offset for r in reqs], dtype=np.uint64),
+            counters=np.array([len(r.output_ids) for r in reqs], dtype=np.uint64),
         )
 
     @staticmethod

@@ -19,7 +19,7 @@ under any load and its drafts do not consume the acceptance's numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -38,14 +38,11 @@ class Verdict:
     tokens: torch.Tensor
     """[B, k + 1] int64: per row the accepted drafts, then the correction or bonus token at index
     `accepted`; entries after it are 0 and not emitted."""
+    logprobs: torch.Tensor
+    """[B, k + 1] float32: the reported log-prob of each entry of `tokens` (as `sample` reports it)."""
     logprob_rows: torch.Tensor
     """[B, k + 1, V] log_softmax(target logits / temperature) of each position (temperature 1 for greedy
-    rows): the log-probs reported for the emitted tokens, as `sample` reports them."""
-
-    @property
-    def logprobs(self) -> torch.Tensor:
-        """[B, k + 1] the reported log-prob of each entry of `tokens`."""
-        return self.logprob_rows.gather(-1, self.tokens[..., None]).squeeze(-1)
+    rows), for top_logprobs."""
 
 
 def distribution(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -78,29 +75,38 @@ def draft(logits: torch.Tensor, batch: SamplingBatch, banned: Optional[torch.Ten
 def verify(target_logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor, batch: SamplingBatch,
            banned: Optional[torch.Tensor] = None) -> Verdict:
     """target_logits [B, k + 1, V] (position i scores output n + i, n = batch.counters), drafts [B, k],
-    draft_probs [B, k, V] (q of each draft), banned [B, k + 1, V] or None -> the emitted tokens."""
-    rows, width, _ = target_logits.shape
-    tokens = torch.zeros(rows, width, dtype=torch.long)
-    accepted = torch.zeros(rows, dtype=torch.long)
-    alive = torch.ones(rows, dtype=torch.bool)
-    logprob_rows = []
-    for i in range(width):
-        at = replace(batch, counters=batch.counters + np.uint64(i))
-        rows_i, p = _target(target_logits[:, i].float(), at, None if banned is None else banned[:, i])
-        logprob_rows.append(rows_i)
-        if i < width - 1:
-            d, q = drafts[:, i], draft_probs[:, i]
-            u = _uniform(at, ACCEPT).to(p.dtype)
-            ok = alive & (u * q.gather(1, d[:, None]).squeeze(1) < p.gather(1, d[:, None]).squeeze(1))
-            residual = (p - q).clamp_min(0.0)
-            residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-        else:  # every draft accepted: the bonus token comes from p (p == q above: never rejected)
-            d, ok, residual = torch.zeros_like(accepted), torch.zeros_like(alive), p
-        emitted = draw(residual, _uniform(at, CORRECT))
-        tokens[:, i] = torch.where(ok, d, torch.where(alive, emitted, 0))
-        accepted += ok.long()
-        alive &= ok
-    return Verdict(accepted, tokens, torch.stack(logprob_rows, 1))
+    draft_probs [B, k, V] (q of each draft), banned [B, k + 1, V] or None -> the emitted tokens.
+
+    All positions at once: p of every position, one acceptance uniform per draft and one correction draw
+    per position (the one after the last accepted draft is emitted; drawing the others too costs less
+    than a loop over positions, and the counter-based numbers make each position's draw its own)."""
+    rows, width, vocab = target_logits.shape
+    k = width - 1
+    at = _per_position(batch, width)
+    logprob_rows, p = _target(target_logits.reshape(rows * width, vocab).float(), at,
+                              None if banned is None else banned.reshape(rows * width, vocab))
+    logprob_rows, p = logprob_rows.view(rows, width, vocab), p.view(rows, width, vocab)
+    u = _uniform(at, ACCEPT).view(rows, width)[:, :k].to(p.dtype)
+    p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    q_d = draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
+    accepted = torch.cumprod((u * q_d < p_d).long(), dim=1).sum(1)  # the first rejection ends the walk
+    residual = (p[:, :k] - draft_probs).clamp_min(0.0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[:, :k])
+    residual = torch.cat([residual, p[:, k:]], 1)  # every draft accepted: the bonus comes from p
+    emitted = draw(residual.view(rows * width, vocab), _uniform(at, CORRECT)).view(rows, width)
+    column = torch.arange(width)[None, :]
+    tokens = torch.where(column < accepted[:, None], torch.cat([drafts, drafts[:, :1]], 1),
+                         torch.where(column == accepted[:, None], emitted, 0))
+    return Verdict(accepted, tokens, logprob_rows.gather(-1, tokens[..., None]).squeeze(-1), logprob_rows)
+
+
+def _per_position(batch: SamplingBatch, width: int) -> SamplingBatch:
+    """Row r of `batch` repeated for positions 0..width-1 (row r * width + i: output counters[r] + i)."""
+    def repeat(values: torch.Tensor) -> torch.Tensor:
+        return values.repeat_interleave(width)
+    counters = (batch.counters[:, None] + np.arange(width, dtype=np.uint64)[None, :]).reshape(-1)
+    return SamplingBatch(repeat(batch.temperature), repeat(batch.top_p), repeat(batch.top_k), repeat(batch.min_p),
+                         np.repeat(batch.seeds, width), counters)
 
 
 def _uniform(batch: SamplingBatch, stream: np.uint64) -> torch.Tensor:
