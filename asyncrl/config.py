@@ -466,6 +466,9 @@ class TrainerConfig:
     """Weight of the online MTP loss (trainer/mtp_loss.py: cross-entropy of the MTP layer's draft of the
     token after next, on generated tokens), which trains the MTP layer only; the policy update is the
     same with or without it. 0: the MTP layer stays as loaded. torch backend; needs an MTP layer."""
+    mtp_depths: int = 3
+    """Depths the MTP loss trains the one MTP layer at (GLM-5: 3): depth d reads the layer's own output of
+    depth d - 1, as speculative decoding's draft d does (trainer/mtp_loss.py). 1: first drafts only."""
     grad_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of storing its activations."""
     device: str = "cpu"
@@ -514,6 +517,15 @@ class WarmupConfig:
     mtp_loss_coef: float = 0.0
     """Weight of the MTP loss in the warm-up (as trainer.mtp_loss_coef, on the assistant tokens): the MTP
     layer learns to draft from the warmed-up policy; the policy's own warm-up is unchanged. 0: none."""
+    mtp_depths: int = 3
+    """As trainer.mtp_depths, for the warm-up's MTP loss and its MTP self-distillation."""
+    mtp_distill_samples: int = 0
+    """After the supervised steps, the warmed-up policy samples (temperature 1) this many replies to fresh
+    demonstration prompts, and the MTP layer alone is fitted to them for `mtp_distill_steps` steps: drafts
+    of the policy's own text, not of the demonstrations (EAGLE trains its drafter on the target's
+    regenerated data). 0: none. Worth it with rollout.speculative (bench/results/speculative.md)."""
+    mtp_distill_steps: int = 100
+    """Full-batch AdamW steps (at `lr`) of the MTP self-distillation."""
     thinking: bool = False
     """Chat-template mode; must match the gateway's."""
 

@@ -7,6 +7,12 @@ predicts x_{t+2}, the next position's target. It counts where that token is a lo
 sequence: the drafts that matter are drafts of generated tokens. The loss is the mean cross-entropy
 over the counted positions of the step (temperature 1). It reaches the MTP layer only:
 `Glm5ForCausalLM.mtp_logprobs` reads the main model detached.
+
+Depths (GLM-5 shares one MTP layer over 3 training depths and drafts 2 tokens with it): speculative
+decoding reuses the layer for draft j > 1 with its own previous output in place of h (rollout/drafting.py:
+MTP position t reads the output of position t - 1 and the draft x_{t+1}). Depth d trains exactly that
+input: position t reads depth d - 1's output at t - 1 (depth 1: h_t) and still predicts x_{t+2}. Trained at
+depth 1 only, the layer's second draft is right about a third as often (bench/results/speculative.md).
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from asyncrl.model.model import Glm5ForCausalLM, mtp_targets
 @dataclass
 class MTPTerms:
     loss_sum: Tensor
-    """Sum of -log p(x_{t+2}) over the counted positions (carries the MTP layer's gradient)."""
+    """Sum over the counted positions of -log p(x_{t+2}), averaged over the depths at which the position
+    counts (carries the MTP layer's gradient); / count is the mean of the depths' losses."""
     correct: Tensor
-    """Counted positions where the MTP layer's greedy draft is x_{t+2}: its acceptance at temperature 0."""
+    """Counted positions where the MTP layer's greedy draft at depth 1 is x_{t+2}: the temperature-0 accept
+    rate of a first draft."""
     count: int
+    """Counted positions (depth 1)."""
 
 
 def mtp_loss_mask(loss_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -36,14 +45,26 @@ def mtp_loss_mask(loss_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
 
 
 def mtp_loss_terms(model: Glm5ForCausalLM, hidden: Tensor, targets: Tensor, cu_seqlens: Tensor,
-                   loss_mask: Tensor, **batch_options) -> MTPTerms:
+                   loss_mask: Tensor, depths: int = 1, **batch_options) -> MTPTerms:
     """The MTP layer's terms on one packed batch whose main forward gave `hidden` (TokenLogprobs.hidden)
-    for next-token `targets`."""
+    for next-token `targets`, trained at `depths` depths (module docstring)."""
     goal, _ = mtp_targets(targets, cu_seqlens)
     counted = mtp_loss_mask(loss_mask, cu_seqlens)
-    out = model.mtp_logprobs(hidden, targets, cu_seqlens, goal, **batch_options)
-    return MTPTerms(loss_sum=-(out.logprobs * counted).sum(), correct=((out.predicted == goal) & counted).sum(),
-                    count=int(counted.sum()))
+    starts = torch.zeros_like(counted)
+    starts[cu_seqlens[:-1].long()] = True
+    offset = torch.arange(len(targets), device=targets.device) - cu_seqlens[:-1].long().repeat_interleave(
+        (cu_seqlens[1:] - cu_seqlens[:-1]).long())  # position of each row in its sequence
+    nll, weight, correct, inputs = 0.0, torch.zeros_like(goal, dtype=torch.float32), None, hidden
+    for depth in range(depths):
+        out = model.mtp_logprobs(inputs, targets, cu_seqlens, goal, **batch_options)
+        at_depth = counted & (offset >= depth)  # depth d needs d - 1 earlier positions of its sequence
+        nll = nll - out.logprobs * at_depth
+        weight = weight + at_depth
+        if depth == 0:
+            correct = ((out.predicted == goal) & counted).sum()
+        # the next depth's position t reads this depth's output at t - 1 (a sequence's first: h itself)
+        inputs = torch.where(starts[:, None], hidden.detach(), out.hidden.roll(1, 0))
+    return MTPTerms(loss_sum=(nll / weight.clamp_min(1)).sum(), correct=correct, count=int(counted.sum()))
 
 
 def clip_mtp_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
@@ -57,7 +78,8 @@ def clip_mtp_gradients(params: list[torch.nn.Parameter], max_norm: float) -> flo
     return norm
 
 
-def fit_mtp_layer(model: Glm5ForCausalLM, sequences: list[list[int]], steps: int, lr: float = 3e-3) -> float:
+def fit_mtp_layer(model: Glm5ForCausalLM, sequences: list[list[int]], steps: int, lr: float = 3e-3,
+                  depths: int = 1) -> float:
     """Train only the MTP layer for `steps` full-batch AdamW steps on token sequences (e.g. the model's own
     generations: a drafter for a checkpoint whose MTP layer is untrained). -> the last step's greedy
     draft accuracy (the temperature-0 accept rate of one draft)."""
@@ -69,7 +91,8 @@ def fit_mtp_layer(model: Glm5ForCausalLM, sequences: list[list[int]], steps: int
     optimizer = torch.optim.AdamW(model.model.mtp_layers.parameters(), lr=lr)
     accuracy = 0.0
     for _ in range(steps):
-        terms = mtp_loss_terms(model, hidden, targets, cu_seqlens, torch.ones_like(targets, dtype=torch.bool))
+        terms = mtp_loss_terms(model, hidden, targets, cu_seqlens, torch.ones_like(targets, dtype=torch.bool),
+                               depths=depths)
         optimizer.zero_grad()
         (terms.loss_sum / terms.count).backward()
         optimizer.step()

@@ -17,11 +17,12 @@ import torch
 
 from asyncrl.chat_template import GlmChatTemplate
 from asyncrl.config import ModelSection, WarmupConfig
+from asyncrl.model.generate import generate
 from asyncrl.model.io import load_pretrained, save_pretrained
 from asyncrl.model.model import Glm5ForCausalLM
 from asyncrl.plugins import load_object
 from asyncrl.tokenizer import load_tokenizer
-from trainer.mtp_loss import MTPTerms, mtp_loss_terms
+from trainer.mtp_loss import MTPTerms, fit_mtp_layer, mtp_loss_terms
 
 log = logging.getLogger("trainer.sft")
 
@@ -55,22 +56,40 @@ def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) 
     template = GlmChatTemplate(load_tokenizer(model.tokenizer), thinking=cfg.thinking)
     env = load_object(cfg.env)(**cfg.env_options)
     examples = [tokenize_dialogue(template, d) for d in env.demonstrations(cfg.steps * cfg.batch_size, seed)]
-    if cfg.mtp_loss_coef > 0 and not net.model.mtp_layers:
-        raise ValueError(f"warmup.mtp_loss_coef {cfg.mtp_loss_coef}: the model has no MTP layer")
+    for name in ("mtp_loss_coef", "mtp_distill_samples"):
+        if getattr(cfg, name) > 0 and not net.model.mtp_layers:
+            raise ValueError(f"warmup.{name} {getattr(cfg, name)}: the model has no MTP layer")
+    if cfg.mtp_depths < 1:
+        raise ValueError(f"warmup.mtp_depths must be >= 1, got {cfg.mtp_depths}")
     optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
     for step in range(cfg.steps):
-        loss, mtp = _step(net, optimizer, rng.sample(examples, cfg.batch_size), cfg.mtp_loss_coef)
+        loss, mtp = _step(net, optimizer, rng.sample(examples, cfg.batch_size), cfg.mtp_loss_coef, cfg.mtp_depths)
         if step % 20 == 0 or step == cfg.steps - 1:
             log.info("warm-up step %d/%d: loss %.3f%s", step + 1, cfg.steps, loss,
                      f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
                      if mtp and mtp.count else "")
+    if cfg.mtp_distill_samples > 0:
+        _distill_mtp(net, env, template, cfg, max(sum(mask) for _, mask in examples), seed)
     save_pretrained(net, out_dir)
     return out_dir
 
 
+def _distill_mtp(net: Glm5ForCausalLM, env, template: GlmChatTemplate, cfg: WarmupConfig, max_reply: int,
+                 seed: int) -> None:
+    """Fit the MTP layer to replies the warmed-up policy samples itself (WarmupConfig.mtp_distill_samples),
+    on first-turn prompts of a demonstration stream the warm-up did not use."""
+    dialogues = env.demonstrations(cfg.mtp_distill_samples, seed + 1)
+    prompts = [tokens[:mask.index(1)] for tokens, mask in (tokenize_dialogue(template, d) for d in dialogues)]
+    replies = generate(net, prompts, max_reply, temperature=1.0, seed=seed, stop_ids=net.config.eos_token_ids)
+    accuracy = fit_mtp_layer(net, [p + r for p, r in zip(prompts, replies)], cfg.mtp_distill_steps, lr=cfg.lr,
+                             depths=cfg.mtp_depths)
+    log.info("MTP self-distillation: %d sampled replies, %d steps, first-draft accuracy %.2f",
+             len(replies), cfg.mtp_distill_steps, accuracy)
+
+
 def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tuple[list[int], list[int]]],
-          mtp_loss_coef: float = 0.0) -> tuple[float, Optional[MTPTerms]]:
+          mtp_loss_coef: float = 0.0, mtp_depths: int = 1) -> tuple[float, Optional[MTPTerms]]:
     """One supervised step; the MTP loss (its own mean, times `mtp_loss_coef`) trains the MTP layer only."""
     ids, targets, mask, bounds = [], [], [], [0]
     for tokens, loss_mask in batch:
@@ -84,7 +103,7 @@ def _step(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, batch: list[tu
     loss = -(out.logprobs * weights).sum() / weights.sum()
     total, mtp = loss, None
     if mtp_loss_coef > 0:
-        mtp = mtp_loss_terms(net, out.hidden, targets, bounds, weights.bool())
+        mtp = mtp_loss_terms(net, out.hidden, targets, bounds, weights.bool(), depths=mtp_depths)
         total = loss + mtp_loss_coef * mtp.loss_sum / max(mtp.count, 1)
     optimizer.zero_grad()
     total.backward()

@@ -68,6 +68,8 @@ class TorchBackend(TrainerBackend):
         if cfg.mtp_loss_coef > 0 and not self.model.model.mtp_layers:
             raise ValueError(f"trainer.mtp_loss_coef {cfg.mtp_loss_coef}: the model has no MTP layer "
                              "(num_nextn_predict_layers 0)")
+        if cfg.mtp_depths < 1:
+            raise ValueError(f"trainer.mtp_depths must be >= 1, got {cfg.mtp_depths}")
         if cfg.mtp_loss_coef <= 0:
             self.model.freeze_mtp()
         self.model.set_gradient_checkpointing(cfg.grad_checkpointing)
@@ -126,7 +128,8 @@ class TorchBackend(TrainerBackend):
         with self._autocast():
             out = self.model.token_logprobs(mb.input_ids, mb.cu_seqlens, mb.targets, temperature=mb.temperatures,
                                             indexer_kl=train_indexer, routed_experts=self._routing(mb), **options)
-            mtp = mtp_loss_terms(self.model, out.hidden, mb.targets, mb.cu_seqlens, mb.loss_mask, **options) \
+            mtp = mtp_loss_terms(self.model, out.hidden, mb.targets, mb.cu_seqlens, mb.loss_mask,
+                                 depths=self.cfg.mtp_depths, **options) \
                 if self.mtp_params else None
         old = out.logprobs.detach() if self.loss_fn.needs_old_logprobs else None
         loss, metrics = self.loss_fn(LossInputs(out.logprobs, mb.rollout_logprobs, mb.advantages, mb.loss_mask,
