@@ -244,7 +244,7 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores ({name}), {platform.system()} {platform.release()}"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
@@ -255,69 +255,82 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vllm_cpu"))
     args = parser.parse_args()
-    concurrency = [int(c) for c in args.concurrency.split(",")]
-    torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="vllm-cpu-bench-"))
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    return args
+
+
+def checkpoints(work: Path, new_tokens: int) -> tuple[Path, int, dict]:
+    """The GLM-5 checkpoint (-> path, params) and its DeepSeek-V3 copy at work/deepseek_v3 (-> what it dropped)."""
     glm5, params = glm5_checkpoint(work / "glm5")
     config = ModelConfig.from_pretrained(glm5)
-    longest = max(PROMPT_LEN + args.new_tokens, PROMPT_LEN + GREEDY_TOKENS, len(WARMUP_PROMPT) + args.new_tokens)
+    longest = max(PROMPT_LEN + new_tokens, PROMPT_LEN + GREEDY_TOKENS, len(WARMUP_PROMPT) + new_tokens)
     if longest > config.index_topk:
         raise SystemExit(f"contexts up to {longest} tokens exceed index_topk {config.index_topk}: DSA would be "
                          "sparse and the DeepSeek-V3 copy (no indexer) a different model")
-    converted = deepseek_v3_copy(glm5, work / "deepseek_v3")
+    return glm5, params, deepseek_v3_copy(glm5, work / "deepseek_v3")
+
+
+def asyncrl_side(glm5: Path, args: argparse.Namespace) -> tuple[list[dict], dict[int, dict]]:
+    """asyncrl's engine in this process: greedy outputs of the check's prompts, then each round."""
+    engine = Engine(EngineArgs(model_path=str(glm5), dtype=args.dtype, max_running_requests=128)).start()
+    try:
+        greedy = asyncrl_greedy(engine, prompts(GREEDY_PROMPTS), GREEDY_TOKENS)
+        rows = {}
+        for c in args.concurrency:
+            rows[c] = asyncrl_round(engine, c, args.new_tokens)
+            print(f"concurrency {c}: asyncrl {rows[c]['tokens_per_s']:.0f} tok/s", flush=True)
+    finally:
+        engine.stop()
+    return greedy, rows
+
+
+def transformers_side(glm5: Path, args: argparse.Namespace) -> dict[int, dict]:
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(glm5, dtype=getattr(torch, args.dtype)).eval()
+    rows = {}
+    for c in args.concurrency:
+        rows[c] = transformers_round(hf, c, args.new_tokens)
+        print(f"concurrency {c}: transformers {rows[c]['tokens_per_s']:.0f} tok/s", flush=True)
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="vllm-cpu-bench-"))
+    glm5, params, converted = checkpoints(work, args.new_tokens)
     results: dict = {
-        "command": " ".join(["python", *sys.argv]), "load_avg_start": os.getloadavg(),
-        "machine": machine(),
-        "model": MODEL, "params": params, "dtype": args.dtype,
-        "new_tokens": args.new_tokens, "prompt_len": PROMPT_LEN, "conversion": converted,
+        "command": " ".join(["python", *sys.argv]), "load_avg_start": os.getloadavg(), "machine": machine(),
+        "model": MODEL, "params": params, "dtype": args.dtype, "new_tokens": args.new_tokens,
+        "prompt_len": PROMPT_LEN, "conversion": converted,
         "threads": {"asyncrl": "torch.set_num_threads(1)", "transformers": "torch.set_num_threads(1)",
                     "vllm": vllm_env(not args.no_preload)}, "throughput": {}}
-
-    # 1. vLLM first, alone: the greedy check and every throughput round, in one process
-    greedy_prompts = prompts(GREEDY_PROMPTS)
+    # one side at a time; vLLM first: the greedy check and every round in one process
     jobs = {"llm": vllm_llm_kwargs(args.dtype, args.vllm_enforce_eager),
-            "greedy": {"prompts": greedy_prompts, "max_tokens": GREEDY_TOKENS},
+            "greedy": {"prompts": prompts(GREEDY_PROMPTS), "max_tokens": GREEDY_TOKENS},
             "throughput": {"new_tokens": args.new_tokens, "warmup_prompt": WARMUP_PROMPT,
-                           "rounds": {str(c): prompts(c) for c in concurrency}}}
+                           "rounds": {str(c): prompts(c) for c in args.concurrency}}}
     print("vLLM: starting (its torch.compile takes a minute or two) ...", flush=True)
     vllm_out = run_vllm(work / "deepseek_v3", jobs, work, "vllm", results["threads"]["vllm"])
     results["vllm"] = {k: vllm_out[k] for k in ("vllm_version", "torch_version", "llm_kwargs", "env", "init_s",
                                                  "process_wall_s", "log")}
-
-    # 2. asyncrl's engine in this process: the same greedy prompts, then the rounds
-    engine = Engine(EngineArgs(model_path=str(glm5), dtype=args.dtype, max_running_requests=128)).start()
-    try:
-        ours_greedy = asyncrl_greedy(engine, greedy_prompts, GREEDY_TOKENS)
-        asyncrl_rows = {}
-        for c in concurrency:
-            asyncrl_rows[c] = asyncrl_round(engine, c, args.new_tokens)
-            print(f"concurrency {c}: asyncrl {asyncrl_rows[c]['tokens_per_s']:.0f} tok/s, vLLM "
-                  f"{vllm_out['throughput'][str(c)]['tokens_per_s']:.0f} tok/s", flush=True)
-    finally:
-        engine.stop()
-    results["greedy_equality"] = {"asyncrl_checkpoint": "glm_moe_dsa (with indexer, MTP layer)",
-                                  "vllm_checkpoint": "deepseek_v3 copy (no indexer, no MTP layer)",
-                                  **compare_greedy(ours_greedy, vllm_out["greedy"]["outputs"])}
-    print(f"greedy equality: {results['greedy_equality']['equal']}/{results['greedy_equality']['prompts']} "
-          f"prompts equal, max |logprob diff| {results['greedy_equality']['max_abs_logprob_diff']:.2e}", flush=True)
-
-    # 3. transformers' generate on the GLM-5 checkpoint
-    hf = None
-    if not args.skip_transformers:
-        import transformers
-
-        hf = transformers.AutoModelForCausalLM.from_pretrained(glm5, dtype=getattr(torch, args.dtype)).eval()
-    for c in concurrency:
-        row = {"asyncrl": asyncrl_rows[c], "vllm": vllm_out["throughput"][str(c)]}
+    ours_greedy, asyncrl_rows = asyncrl_side(glm5, args)
+    g = results["greedy_equality"] = {"asyncrl_checkpoint": "glm_moe_dsa (with indexer, MTP layer)",
+                                      "vllm_checkpoint": "deepseek_v3 copy (no indexer, no MTP layer)",
+                                      **compare_greedy(ours_greedy, vllm_out["greedy"]["outputs"])}
+    print(f"greedy equality: {g['equal']}/{g['prompts']} prompts equal, max |logprob diff| "
+          f"{g['max_abs_logprob_diff']:.2e}", flush=True)
+    hf_rows = {} if args.skip_transformers else transformers_side(glm5, args)
+    for c in args.concurrency:
+        row = results["throughput"][c] = {"asyncrl": asyncrl_rows[c], "vllm": vllm_out["throughput"][str(c)]}
         row["asyncrl_over_vllm"] = row["asyncrl"]["tokens_per_s"] / row["vllm"]["tokens_per_s"]
-        if hf is not None:
-            row["transformers"] = transformers_round(hf, c, args.new_tokens)
-            row["asyncrl_over_transformers"] = row["asyncrl"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
-            print(f"concurrency {c}: transformers {row['transformers']['tokens_per_s']:.0f} tok/s", flush=True)
-        results["throughput"][c] = row
+        if c in hf_rows:
+            row["transformers"] = hf_rows[c]
+            row["asyncrl_over_transformers"] = row["asyncrl"]["tokens_per_s"] / hf_rows[c]["tokens_per_s"]
     if 32 in results["throughput"]:
-        results["target"] = {"asyncrl_over_vllm_at_32": results["throughput"][32]["asyncrl_over_vllm"],
-                             "goal": 1.5, "met": results["throughput"][32]["asyncrl_over_vllm"] >= 1.5}
+        ratio = results["throughput"][32]["asyncrl_over_vllm"]
+        results["target"] = {"asyncrl_over_vllm_at_32": ratio, "goal": 1.5, "met": ratio >= 1.5}
     results["load_avg_end"] = os.getloadavg()
     Path(args.out + ".json").write_text(json.dumps(results, indent=2))
     Path(args.out + ".md").write_text(render_markdown(results))
