@@ -12,7 +12,7 @@ Depths (GLM-5 shares one MTP layer over 3 training depths and drafts 2 tokens wi
 decoding reuses the layer for draft j > 1 with its own previous output in place of h (rollout/drafting.py:
 MTP position t reads the output of position t - 1 and the draft x_{t+1}). Depth d trains exactly that
 input: position t reads depth d - 1's output at t - 1 (depth 1: h_t) and still predicts x_{t+2}. Trained at
-depth 1 only, the layer's second draft is right about a third as often (bench/results/speculative.md).
+depth 1 only, its second draft is accepted about a third of the time (bench/results/speculative.md).
 """
 
 from __future__ import annotations
