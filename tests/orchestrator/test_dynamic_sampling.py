@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import httpx
 import numpy as np
@@ -27,6 +28,7 @@ from orchestrator.counters import Counters
 from orchestrator.dynamic_sampling import DynamicSampler, Verdict, judge, reward_std
 from orchestrator.groups import Group, MemberState, TaskOrder
 from orchestrator.ledger import Ledger
+from orchestrator.runtime import METRICS_INTERVAL_S
 from tests.orchestrator.conftest import TIMED_ENV, EnvProcess, group_records, start_envs
 from tests.orchestrator.timed_env import informative
 from trainer.data import GroupLoader
@@ -264,16 +266,25 @@ async def test_on_only_groups_with_reward_variance_are_appended_and_counted(orch
     assert metric(metrics, "asyncrl_orchestrator_filtered_fraction") == pytest.approx(expected_filtered / 12)
     store = Store.connect(redis_server.url, run_name)
     try:  # the records carry the filtered groups before them; the rest waits in orch:meta for the next one
-        unreported = int(await store.redis.hget(store.key("orch:meta"), "filtered_unreported") or 0)
-        assert sum(r.filtered_before for r in records) + unreported == expected_filtered
-        record = None  # the orchestrator's metrics record (every 5 s) says it too, for watch and TensorBoard
-        for _ in range(100):
+        async def reported() -> int:  # the ledger writes in batches: the last one may land after the status
+            records = await group_records(redis_server.url, run_name)
+            unreported = int(await store.redis.hget(store.key("orch:meta"), "filtered_unreported") or 0)
+            return sum(r.filtered_before for r in records) + unreported
+
+        deadline = time.monotonic() + 10
+        while await reported() < expected_filtered and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert await reported() == expected_filtered
+        # the orchestrator's metrics record (every METRICS_INTERVAL_S) says it too, for watch and TensorBoard;
+        # records written while the groups were still running show fewer, so wait for one written after
+        record, deadline = None, time.monotonic() + 3 * METRICS_INTERVAL_S + 5
+        while time.monotonic() < deadline:
             records = [v for _, source, v in await store.read_metrics() if source == "orchestrator"]
-            if records:
-                record = records[-1]
+            record = records[-1] if records else None
+            if record is not None and record["groups_filtered"] == expected_filtered:
                 break
             await asyncio.sleep(0.1)
-        assert record is not None and record["groups_filtered"] == expected_filtered
+        assert record is not None and record["groups_filtered"] == expected_filtered, record
         assert record["filtered_fraction"] == pytest.approx(expected_filtered / 12)
     finally:
         await store.close()
