@@ -50,8 +50,6 @@ def mtp_loss_terms(model: Glm5ForCausalLM, hidden: Tensor, targets: Tensor, cu_s
     for next-token `targets`, trained at `depths` depths (module docstring)."""
     goal, _ = mtp_targets(targets, cu_seqlens)
     counted = mtp_loss_mask(loss_mask, cu_seqlens)
-    starts = torch.zeros_like(counted)
-    starts[cu_seqlens[:-1].long()] = True
     offset = torch.arange(len(targets), device=targets.device) - cu_seqlens[:-1].long().repeat_interleave(
         (cu_seqlens[1:] - cu_seqlens[:-1]).long())  # position of each row in its sequence
     nll, weight, correct, inputs = 0.0, torch.zeros_like(goal, dtype=torch.float32), None, hidden
@@ -62,8 +60,8 @@ def mtp_loss_terms(model: Glm5ForCausalLM, hidden: Tensor, targets: Tensor, cu_s
         weight = weight + at_depth
         if depth == 0:
             correct = ((out.predicted == goal) & counted).sum()
-        # the next depth's position t reads this depth's output at t - 1 (a sequence's first: h itself)
-        inputs = torch.where(starts[:, None], hidden.detach(), out.hidden.roll(1, 0))
+        if depth + 1 < depths:  # the next depth's position t reads this one's output at t - 1 (first: h)
+            inputs = torch.where((offset == 0)[:, None], hidden.detach(), out.hidden.roll(1, 0))
     return MTPTerms(loss_sum=(nll / weight.clamp_min(1)).sum(), correct=correct, count=int(counted.sum()))
 
 
