@@ -62,10 +62,7 @@ class Req:
 
     def pending_ids(self, count: int) -> list[int]:
         """The next `count` tokens whose KV is not computed yet."""
-        start, n = self.num_computed, len(self.prompt)
-        if start >= n:
-            return self.output_ids[start - n:start - n + count]
-        return (self.prompt[start:] + self.output_ids)[:count]
+        return self.token_slice(self.num_computed, self.num_computed + count)
 
     def token_slice(self, lo: int, hi: int) -> list[int]:
         """Tokens [lo, hi) of prompt + output, without copying the whole sequence."""
@@ -75,7 +72,7 @@ class Req:
         return self.prompt[lo:hi] + self.output_ids[:max(hi - n, 0)]
 
     def computed_ids(self) -> list[int]:
-        return (self.prompt + self.output_ids)[:self.num_computed]
+        return self.token_slice(0, self.num_computed)
 
     @property
     def pending(self) -> int:
