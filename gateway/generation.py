@@ -58,7 +58,7 @@ def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> Eng
     if top and len(top) != n:
         raise EngineRequestError(f"engine {engine} returned top log-probs for {len(top)} of {n} tokens")
     return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
-                      meta.e2e_latency, routing, top)
+                      meta.e2e_latency, routing, top, cached_tokens=meta.cached_tokens)
 
 
 def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:

@@ -22,6 +22,8 @@ class GatewayMetrics:
         self.turns = Counter(f"{p}turns", "turns generated", ["api", "finish_reason"], registry=r)
         self.new_segments = Counter(f"{p}new_segments", "segments opened because history was edited", registry=r)
         self.prompt_tokens = Counter(f"{p}prompt_tokens", "tokens appended to sessions (mask 0)", registry=r)
+        self.cached_prompt_tokens = Counter(f"{p}cached_prompt_tokens", "turn prompt tokens the engines served from "
+                                            "their prefix cache", registry=r)
         self.generated_tokens = Counter(f"{p}generated_tokens", "model tokens recorded (mask 1)", registry=r)
         self.engine_errors = Counter(f"{p}engine_errors", "failed engine calls (failed over)", ["engine"],
                                      registry=r)

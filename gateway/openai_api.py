@@ -163,9 +163,10 @@ def finish_reason(message: dict[str, Any], engine_finish: str) -> str:
     return "length" if engine_finish == "length" else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` is what the engine's prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Sequence[float],
@@ -183,14 +184,14 @@ def token_logprobs(tokenizer: Tokenizer, output_ids: Sequence[int], logprobs: Se
 
 
 def chat_completion(completion_id: str, model: str, message: dict[str, Any], finish: str,
-                    usage_: dict[str, int], logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                    usage_: dict[str, Any], logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
     return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [choice], "usage": usage_}
 
 
 def chat_chunk(completion_id: str, model: str, delta: Optional[dict[str, Any]], finish: Optional[str] = None,
-               usage_: Optional[dict[str, int]] = None, logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+               usage_: Optional[dict[str, Any]] = None, logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """One `chat.completion.chunk`; delta None gives the usage-only chunk (choices [])."""
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
     chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,

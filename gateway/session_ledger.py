@@ -53,6 +53,8 @@ class EngineCall:
     """Per output token, its top alternatives (logprob, id), when the turn asked for them."""
     forced: bool = False
     """Not the engine's: tokens the gateway wrote into the model's turn (tool_choice), recorded with mask 0."""
+    cached_tokens: int = 0
+    """Prompt tokens the engine served from its prefix cache (its meta_info.cached_tokens)."""
 
 
 def forced_call(ids: Sequence[int]) -> EngineCall:
@@ -137,6 +139,11 @@ class Turn:
         """What the turn's first engine call sees: the history and the new tokens."""
         history = self.segment.tokens[:self.base_len] if self.segment is not None else []
         return history + self.new_ids
+
+    @property
+    def cached_tokens(self) -> int:
+        """Of the turn's prompt, the tokens its first engine call found in the engine's prefix cache."""
+        return next((call.cached_tokens for call in self.calls if not call.forced), 0)
 
     @property
     def prompt(self) -> list[int]:

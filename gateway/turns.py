@@ -169,6 +169,7 @@ class Turns:
             self.metrics.new_segments.inc()
         self.metrics.turns.labels(api, turn.finish_reason).inc()
         self.metrics.prompt_tokens.inc(len(turn.new_ids))
+        self.metrics.cached_prompt_tokens.inc(turn.cached_tokens)
         self.metrics.generated_tokens.inc(len(turn.generated_ids))
         self.metrics.turn_latency.labels(api).observe(time.perf_counter() - started)
 
@@ -211,7 +212,7 @@ def _sse(payload: dict[str, Any]) -> bytes:
 def _usage(turn: Turn) -> dict[str, int]:
     """Completion tokens are the generated ones; tokens the gateway forced (tool_choice) count as prompt."""
     generated = len(turn.generated_ids)
-    return usage(turn.base_len + len(turn.new_ids) + len(turn.output_ids) - generated, generated)
+    return usage(turn.base_len + len(turn.new_ids) + len(turn.output_ids) - generated, generated, turn.cached_tokens)
 
 
 def _generate_response(turn: Turn, text: str, request: SessionGenerateRequest, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -225,7 +226,7 @@ def _generate_response(turn: Turn, text: str, request: SessionGenerateRequest, t
     versions = [v for call in turn.calls if not call.forced for v in call.versions]
     meta: dict[str, Any] = {
         "id": secrets.token_hex(12), "finish_reason": finish, "prompt_tokens": turn.base_len + len(turn.new_ids),
-        "completion_tokens": len(turn.output_ids), "cached_tokens": 0,
+        "completion_tokens": len(turn.output_ids), "cached_tokens": turn.cached_tokens,
         "weight_version": str(versions[-1]) if versions else None, "weight_versions": version_spans(versions),
         "e2e_latency": turn.engine_latency_s, "engines": turn.engines}
     if request.return_logprob:
