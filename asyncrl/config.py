@@ -328,6 +328,9 @@ class EnvServiceConfig:
     `local_unsafe`, or the import path of a SandboxBackend."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
     """SandboxConfig fields (envs/sdk/sandbox.py: memory_mb, ro_paths, ...), passed as `--sandbox-option k=v`."""
+    context: dict[str, Any] = field(default_factory=dict)
+    """Context management of the env's agent loops, ContextConfig fields (envs/sdk/context.py: keep_recent_k,
+    discard_at_tokens, ...), passed as `--context-option k=v`; empty: off."""
     max_turns: Optional[int] = None
     """Model calls an episode of this env may make (EpisodeContext.max_turns); None = orchestrator.max_turns."""
     episode_timeout_s: Optional[float] = None

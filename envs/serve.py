@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sandbox-type", dest="sandbox", **section, help="namespace | local_unsafe | the import path of a SandboxBackend (package.module:Class)")
     p.add_argument("--sandbox-option", dest="sandbox_options", action="append", **section, metavar="KEY=VALUE",
                    help="a SandboxConfig field, e.g. memory_mb=1024 (see envs/sdk/sandbox.py)")
+    p.add_argument("--context-option", dest="context", action="append", **section, metavar="KEY=VALUE",
+                   help="a ContextConfig field, e.g. keep_recent_k=5 or discard_at_tokens=32768 (see envs/sdk/context.py)")
     p.add_argument("--unsafe-local-sandbox", dest="sandbox", action="store_const", const="local_unsafe",
                    **section, help="run agent commands WITHOUT isolation (same as --sandbox-type local_unsafe)")
     p.add_argument("--log-level", default="INFO")
@@ -76,17 +78,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.section = env_section(args)
     except ValueError as err:
         p.error(f"{err} (give --env, or --config FILE)")
+    try:
+        args.context_config = context_config(args.section)
+    except ValueError as err:
+        p.error(str(err))
     return args
 
 
-SECTION_FIELDS = ("target", "options", "name", "domain", "capacity", "weight", "sandbox", "sandbox_options")
+SECTION_FIELDS = ("target", "options", "name", "domain", "capacity", "weight", "sandbox", "sandbox_options", "context")
 """The EnvServiceConfig fields this command line can set (the rest come only by --config)."""
 
 
 def env_section(args: argparse.Namespace) -> EnvServiceConfig:
     """The env's section: --config FILE (when given), then the section flags that were given."""
     given = {name: getattr(args, name) for name in SECTION_FIELDS if hasattr(args, name)}
-    for name in ("options", "sandbox_options"):
+    for name in ("options", "sandbox_options", "context"):
         if name in given:
             given[name] = key_values(given[name])
     return load_section(EnvServiceConfig, args.config, given)
@@ -160,6 +166,16 @@ def load_env(target: str, options: dict, env_paths: list[str] = ()):
     return load_env_class(target, env_paths)(**options)
 
 
+def context_config(section: EnvServiceConfig):
+    """The ContextConfig the env's section asks for (`context`); a ValueError names a wrong field."""
+    from envs.sdk.context import ContextConfig
+
+    try:
+        return ContextConfig(**section.context)
+    except TypeError as err:  # an unknown field
+        raise ValueError(f"envs.services.<env>.context: {err}") from None
+
+
 def sandbox_config(section: EnvServiceConfig):
     """The SandboxConfig the env's section asks for (sandbox, sandbox_options)."""
     from envs.sdk.sandbox import SandboxConfig
@@ -177,7 +193,7 @@ async def serve(args: argparse.Namespace) -> int:
                            orchestrator_url=args.orchestrator, orchestrator_token=args.orchestrator_token,
                            auth_token=args.auth_token,
                            orchestrator_gone_s=args.orchestrator_gone_s or None, drain_grace_s=args.drain_grace_s,
-                           sandbox=sandbox_config(env), section=env)
+                           sandbox=sandbox_config(env), context=args.context_config, section=env)
     service = EnvService(load_env(env.target, env.options, args.env_path), config)
     try:
         url = await service.start()

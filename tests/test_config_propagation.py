@@ -38,6 +38,7 @@ FIXED: dict[str, Any] = {
     "orchestrator.sessions": "orchestrator.sessions:GatewaySessions",  # a provider by import path (no built-in name)
     "env.sandbox": "local_unsafe",  # a sandbox type that exists (default namespace)
     "env.sandbox_options": {"memory_mb": 1024},  # a SandboxConfig field
+    "env.context": {"keep_recent_k": 5},  # a ContextConfig field
     # The launcher replaces these by rollout.routing_replay and rollout.sampling (both varied): kept at
     # their defaults here, so that a builder that forgot to replace them is seen.
     "gateway.routing_replay": False,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from asyncrl.protocols.env_service import EpisodeReason, EpisodeStatus
+from envs.sdk.context import ContextLog, ContextPolicy
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -31,6 +32,11 @@ class EpisodeContext:
     model: str
     sampling: dict[str, Any] = field(default_factory=dict)
     """temperature, top_p, max_tokens and any extra sampling keys of the request."""
+    context_policy: Optional[ContextPolicy] = None
+    """How the AgentLoop edits a long conversation (the env's `context` config, envs/sdk/context.py); None:
+    never. An env with a loop of its own applies it the same way."""
+    context_log: ContextLog = field(default_factory=ContextLog)
+    """Per-call context sizes and the policy's edits; the SDK reports them (info "context", /metrics)."""
 
     def completion_args(self) -> dict[str, Any]:
         """Keyword arguments for `llm.chat.completions.create` besides messages and tools."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, OutcomeClass
+from envs.sdk.context import ContextLog
 
 
 class ServiceMetrics:
@@ -27,6 +28,16 @@ class ServiceMetrics:
                                 buckets=(0.0, 0.25, 0.5, 0.75, 1.0), registry=self.registry).labels(**labels)
         self.turns = Histogram("asyncrl_env_turns", "Model calls per episode", ["env"],
                                buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry).labels(**labels)
+        self.context_tokens = Histogram(
+            "asyncrl_env_context_tokens", "Prompt tokens of each model call (the context it saw)", ["env"],
+            buckets=(256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
+            registry=self.registry).labels(**labels)
+        self.context_folds = Counter("asyncrl_env_context_folds_total", "Tool observations folded (keep-recent-k)",
+                                     ["env"], registry=self.registry).labels(**labels)
+        self.context_discards = Counter("asyncrl_env_context_discards_total", "Fresh contexts started (discard-all)",
+                                        ["env"], registry=self.registry).labels(**labels)
+        self.context_edits = Counter("asyncrl_env_context_edits_total", "Model calls sent an edited context "
+                                     "(each opens a gateway segment)", ["env"], registry=self.registry).labels(**labels)
         Gauge("asyncrl_env_sandbox_info", "Sandbox backend in use (1 = this type)", ["env", "type"],
               registry=self.registry).labels(env=env_name, type=sandbox_type).set(1)
         self._env = env_name
@@ -40,6 +51,13 @@ class ServiceMetrics:
         self.turns.observe(turns)
         if OUTCOMES[reason][0] is OutcomeClass.model:
             self.reward.observe(reward)
+
+    def context(self, log: ContextLog) -> None:
+        for tokens in log.prompt_tokens:
+            self.context_tokens.observe(tokens)
+        self.context_folds.inc(log.folds)
+        self.context_discards.inc(log.discards)
+        self.context_edits.inc(log.edits)
 
     def _series(self, reason: EpisodeReason) -> tuple[Counter, Counter]:
         outcome, status = OUTCOMES[reason]

@@ -29,6 +29,7 @@ from openai import APIError, AsyncOpenAI
 from asyncrl.protocols.env_service import (DEFAULT_REASONS, OUTCOMES, EpisodeReason, EpisodeRequest, EpisodeResponse,
                                            EpisodeStatus, OutcomeClass)
 from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
+from envs.sdk.context import ContextConfig, ContextLog, build_policy
 from envs.sdk.metrics import ServiceMetrics
 from envs.sdk.sandbox import SandboxBackend, SandboxError
 
@@ -69,8 +70,10 @@ class _TurnCounter:
 
 class EpisodeRunner:
     def __init__(self, env: Environment, capacity: int, sandboxes: Optional[SandboxBackend],
-                 metrics: ServiceMetrics, llm_max_retries: int = 1):
+                 metrics: ServiceMetrics, llm_max_retries: int = 1, context: Optional[ContextConfig] = None):
         self.env = env
+        self.context = context or ContextConfig()
+        """The env's context management, a fresh policy of it per episode (EpisodeContext.context_policy)."""
         self.capacity = capacity
         self.sandboxes = sandboxes
         self.metrics = metrics
@@ -123,8 +126,8 @@ class EpisodeRunner:
     async def run(self, req: EpisodeRequest) -> EpisodeResponse:
         """Admit, play and report one episode; the caller's request stays open until it ends."""
         self.admit(req)
-        started, counter = time.monotonic(), _TurnCounter()
-        play = asyncio.create_task(self._play(req, counter), name=f"episode-{req.episode_id}")
+        started, counter, context = time.monotonic(), _TurnCounter(), ContextLog()
+        play = asyncio.create_task(self._play(req, counter, context), name=f"episode-{req.episode_id}")
         self._running[req.episode_id] = play
         self.metrics.in_flight.set(len(self._running))
         try:
@@ -134,11 +137,13 @@ class EpisodeRunner:
             self.metrics.in_flight.set(len(self._running))
         elapsed = time.monotonic() - started
         self.metrics.finished(result.reason, result.reward, counter.turns, elapsed)
+        self.metrics.context(context)
+        info = {**result.info, "context": context.summary()} if context.prompt_tokens or context.edits else result.info
         log.debug("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
                  req.task_id, result.status.value, result.reason.value, result.reward, counter.turns, elapsed)
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
                                status=result.status, reason=result.reason, num_turns=counter.turns,
-                               info=_jsonable(result.info))
+                               info=_jsonable(info))
 
     def cancel(self, episode_id: str) -> bool:
         play = self._running.get(episode_id)
@@ -167,9 +172,10 @@ class EpisodeRunner:
                 raise  # the request itself is being torn down, not just this episode
             return _ended(EpisodeReason.cancelled, {})
 
-    async def _play(self, req: EpisodeRequest, counter: _TurnCounter) -> EpisodeResult:
+    async def _play(self, req: EpisodeRequest, counter: _TurnCounter, context: ContextLog) -> EpisodeResult:
         ctx = EpisodeContext(episode_id=req.episode_id, task_id=req.task_id, seed=req.seed, max_turns=req.max_turns,
-                             deadline_s=req.deadline_s, model=req.llm.model, sampling=req.llm.sampling.model_dump())
+                             deadline_s=req.deadline_s, model=req.llm.model, sampling=req.llm.sampling.model_dump(),
+                             context_policy=build_policy(self.context), context_log=context)
         budget = asyncio.timeout(req.deadline_s)
         try:
             async with budget, self._llm(req, counter) as llm, self._sandbox(req.episode_id) as sandbox:

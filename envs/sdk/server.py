@@ -20,6 +20,7 @@ import uvicorn
 
 from envs.sdk.app import create_app
 from envs.sdk.base import Environment
+from envs.sdk.context import ContextConfig
 from envs.sdk.metrics import ServiceMetrics
 from asyncrl.protocols.orchestrator import RegisterRequest
 from envs.sdk.registration import DEFAULT_GONE_AFTER_S, Registrar
@@ -58,6 +59,8 @@ class ServiceConfig:
     llm_max_retries: int = 1
     """Retries of a failed model call inside one episode (the orchestrator retries whole episodes)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    """Context management of the env's AgentLoops (keep-recent-k, discard-all: envs/sdk/context.py)."""
     section: Optional[Any] = None
     """The config section the service was started from (envs.serve: its EnvServiceConfig), reported by
     GET /server_info; None reports this ServiceConfig."""
@@ -82,7 +85,7 @@ class EnvService:
         """Serve and (when configured) register; returns the URL. Raises SandboxUnavailable."""
         self.sandboxes = await self._open_sandboxes()
         self.runner = EpisodeRunner(self.env, self.config.capacity, self.sandboxes, self.metrics,
-                                    self.config.llm_max_retries)
+                                    self.config.llm_max_retries, self.config.context)
         await self.runner.load_tasks()
         app = create_app(self.runner, self.metrics, self.name, self.domain, self.config.auth_token,
                          self.config.section or self.config)
