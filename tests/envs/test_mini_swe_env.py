@@ -92,11 +92,21 @@ async def test_out_of_turns_and_cut_replies_are_truncated_as_the_agent_loop_repo
     assert [m["role"] for m in retry[-2:]] == ["assistant", "user"] and retry[-2]["content"] == cut.content
 
 
-async def test_a_passed_deadline_stops_the_harness(service, scripted_llm):
+async def test_a_passed_deadline_or_a_cancel_stops_the_harness(service, scripted_llm):
+    """Mid-command (the sandbox's) and mid-model-call: the episode ends at once and its thread asks nothing more
+    (the command and the reply would be done within the wait below: an unstopped harness would ask again)."""
     task = TASKS[3]
-    url, script = scripted_llm.script(bash("sleep 20"), bash("ls"), SUBMIT)
+    sleeper_url, sleeper = scripted_llm.script(bash("sleep 3"), bash("ls"), SUBMIT)
+    waiter_url, waiter = scripted_llm.script(bash("ls"), Reply(content="...", delay_s=1.5), bash("ls"), SUBMIT)
     async with httpx.AsyncClient() as client:
-        result = await run_episode(client, service.url, task["task_id"], url, deadline_s=2)
-    assert (result["status"], result["reason"]) == ("failed", "deadline_exceeded")
-    await asyncio.sleep(3)
-    assert len(script.requests) == 1  # the killed command's thread asked the model nothing more
+        expired = await run_episode(client, service.url, task["task_id"], sleeper_url, deadline_s=2)
+        running = asyncio.create_task(run_episode(client, service.url, task["task_id"], waiter_url,
+                                                  episode_id="e-cancel-mini-swe"))
+        while len(waiter.requests) < 2:
+            await asyncio.sleep(0.05)
+        await client.post(f"{service.url}/episodes/e-cancel-mini-swe/cancel")
+        cancelled = await asyncio.wait_for(running, 5)
+    assert (expired["status"], expired["reason"]) == ("failed", "deadline_exceeded")
+    assert (cancelled["status"], cancelled["reason"]) == ("aborted", "cancelled")
+    await asyncio.sleep(4)
+    assert (len(sleeper.requests), len(waiter.requests)) == (1, 2)
