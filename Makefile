@@ -18,11 +18,15 @@ install: $(STAMP)
 
 # torch is installed first and alone: `torch==2.13.0` resolves to the CPU wheel on CPU machines;
 # letting the resolver pick torch later could pull a multi-GB CUDA build.
+# mini-swe-agent (envs/mini_swe) comes without its dependencies: they would pull litellm, textual and
+# datasets, none of which its agent loop needs; the one light dependency it imports that the test extra
+# does not already bring (python-dotenv) is named, versions from constraints.txt.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[test]"
+	$(PIP) install -q --no-deps -c constraints.txt mini-swe-agent python-dotenv
 	touch $(STAMP)
 
 run: install

@@ -48,18 +48,22 @@ class SweEnv(Environment):
         repo = _RepoTools(self, sandbox)
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.brief(task)}]
         outcome = await AgentLoop(llm, ctx, repo.tools()).run(messages)
-        graded = await self.grade(sandbox, task)
-        passed, total = _counts(graded)
-        return EpisodeResult(
-            reward=1.0 if graded.ok else 0.0,
-            status=outcome.status, reason=outcome.reason,
-            info={"tests_passed": passed, "tests_run": total, "submitted": repo.submitted,
-                  "grader_output": graded.output[-2000:]})
+        reward, info = await self.score(sandbox, task)
+        return EpisodeResult(reward=reward, status=outcome.status, reason=outcome.reason,
+                             info={**info, "submitted": repo.submitted})
 
     def brief(self, task: dict) -> str:
         files = "\n".join(f"  {path}" for path in task["repo"])
         return (f"Repository files:\n{files}\n\nThe tests in {task['visible_test']} fail. Find the bug in "
                 f"{task['module']} and fix it.")
+
+    async def score(self, sandbox: Sandbox, task: dict) -> tuple[float, dict]:
+        """The reward of the repository as the agent left it (1: the graded tests pass) and what grading saw;
+        shared by every harness that plays these tasks (envs/mini_swe)."""
+        graded = await self.grade(sandbox, task)
+        passed, total = _counts(graded)
+        return (1.0 if graded.ok else 0.0,
+                {"tests_passed": passed, "tests_run": total, "grader_output": graded.output[-2000:]})
 
     async def grade(self, sandbox: Sandbox, task: dict) -> ExecResult:
         """Agent's source files + pristine visible and held-out tests, in a directory the agent never saw."""
