@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from envs.mini_swe.bridge import LoopBridge
 from envs.sdk import EpisodeContext
+from envs.sdk.context import ContextManager
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -36,6 +37,8 @@ class GatewayModel:
     def __init__(self, llm: "AsyncOpenAI", ctx: EpisodeContext, bridge: LoopBridge, **config: Any):
         self.config = GatewayModelConfig(**config)
         self.llm, self.ctx, self.bridge = llm, ctx, bridge
+        self.context = ContextManager(ctx.context_policy, ctx.context_log)
+        """The env's context management, applied to the agent's own history (edited in place)."""
         self.last_finish_reason: Optional[str] = None
         """finish_reason of the latest reply ("length": cut at max_tokens)."""
 
@@ -44,9 +47,11 @@ class GatewayModel:
         valid bash call raises FormatError (the agent shows the model the error and asks again) carrying
         the reply itself first: the conversation keeps what the model said, so the next turn extends the
         gateway's token sequence instead of opening a new one without it."""
+        sent = self.context.before_call(messages)
         response = self.bridge.call(self.llm.chat.completions.create(
-            messages=[{k: v for k, v in m.items() if k != "extra"} for m in messages], tools=[BASH_TOOL],
+            messages=[{k: v for k, v in m.items() if k != "extra"} for m in sent], tools=[BASH_TOOL],
             **self.ctx.completion_args()))
+        self.context.after_call(response.usage, len(messages) + 1)
         choice = response.choices[0]
         self.last_finish_reason = choice.finish_reason
         reply: dict[str, Any] = {"role": "assistant", "content": choice.message.content}

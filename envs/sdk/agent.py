@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Union
 
 from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, EpisodeStatus
 from envs.sdk.base import EpisodeContext
-from envs.sdk.context import ContextView, for_model
+from envs.sdk.context import ContextManager
 from envs.sdk.param import check_arguments, schema
 
 __all__ = ["AgentLoop", "LoopOutcome", "Phase", "Tool", "ToolResult", "schema"]
@@ -102,7 +102,7 @@ class AgentLoop:
         self.ctx = ctx
         self.tools = {tool.name: tool for tool in tools}
         self.max_observation_chars = max_observation_chars
-        self.view = ContextView(last_context_tokens=None, messages_at_last_call=0, log=ctx.context_log)
+        self.context = ContextManager(ctx.context_policy, ctx.context_log)
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopOutcome:
         """Drive the conversation (appended to in place; replaced in place when the context policy edits
@@ -113,8 +113,6 @@ class AgentLoop:
                 if turns >= self.ctx.max_turns:
                     phase = Phase.OUT_OF_TURNS
                     break
-                if turns:
-                    self._manage_context(messages)
                 reply, cut = await self._ask(messages)
                 turns += 1
                 phase = Phase.ACT if reply.tool_calls else Phase.OUT_OF_TOKENS if cut else Phase.FINISHED
@@ -123,19 +121,12 @@ class AgentLoop:
         ended_by_reply = phase in (Phase.FINISHED, Phase.OUT_OF_TOKENS) and reply is not None and not reply.tool_calls
         return LoopOutcome(phase, turns, reply.content if ended_by_reply else None, messages)
 
-    def _manage_context(self, messages: list[dict[str, Any]]) -> None:
-        policy = self.ctx.context_policy
-        edited = policy.edit(messages, self.view) if policy is not None else None
-        if edited is not None:
-            messages[:] = edited
-            self.ctx.context_log.edits += 1
-
     async def _ask(self, messages: list[dict[str, Any]]):
         """The model's reply, appended to the conversation, and whether max_tokens cut it."""
         response = await self.llm.chat.completions.create(
-            messages=for_model(messages), tools=[t.schema() for t in self.tools.values()],
+            messages=self.context.before_call(messages), tools=[t.schema() for t in self.tools.values()],
             **self.ctx.completion_args())
-        self._count_context(response.usage, len(messages) + 1)
+        self.context.after_call(response.usage, len(messages) + 1)
         choice = response.choices[0]
         reply = choice.message
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -143,16 +134,6 @@ class AgentLoop:
             message["tool_calls"] = [call.model_dump(include={"id", "type", "function"}) for call in reply.tool_calls]
         messages.append(message)
         return reply, choice.finish_reason == "length"
-
-    def _count_context(self, usage, messages: int) -> None:
-        """The call's context (the gateway's usage) into the log and the view the policy reads next."""
-        if usage is None:
-            self.view.last_context_tokens = None
-            return
-        details = getattr(usage, "prompt_tokens_details", None)
-        self.ctx.context_log.prompt_tokens.append(usage.prompt_tokens)
-        self.ctx.context_log.cached_tokens.append(getattr(details, "cached_tokens", None) or 0)
-        self.view.last_context_tokens, self.view.messages_at_last_call = usage.total_tokens, messages
 
     async def _act(self, tool_calls, messages: list[dict[str, Any]]) -> bool:
         """Run the calls in order; True when one of them ended the episode (later calls are skipped)."""

@@ -224,6 +224,36 @@ class Policies:
         return None if current is messages else current
 
 
+class ContextManager:
+    """One episode's context management, for any agent loop: `before_call` lets the policy edit the
+    conversation (in place: the loop keeps the edited history) and gives what the model is sent;
+    `after_call` logs the call's context from the gateway's usage for the next decision."""
+
+    def __init__(self, policy: Optional[ContextPolicy], log: ContextLog):
+        self.policy, self.log = policy, log
+        self.view = ContextView(last_context_tokens=None, messages_at_last_call=0, log=log)
+        self.calls = 0
+
+    def before_call(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.policy is not None and self.calls:  # the first call sends the task as it is
+            edited = self.policy.edit(messages, self.view)
+            if edited is not None:
+                messages[:] = edited
+                self.log.edits += 1
+        return for_model(messages)
+
+    def after_call(self, usage: Any, messages_in_context: int) -> None:
+        """`usage`: the reply's (OpenAI) usage or None; `messages_in_context`: the messages sent + the reply."""
+        self.calls += 1
+        if usage is None:
+            self.view.last_context_tokens = None
+            return
+        details = getattr(usage, "prompt_tokens_details", None)
+        self.log.prompt_tokens.append(usage.prompt_tokens)
+        self.log.cached_tokens.append(getattr(details, "cached_tokens", None) or 0)
+        self.view.last_context_tokens, self.view.messages_at_last_call = usage.total_tokens, messages_in_context
+
+
 def build_policy(config: ContextConfig) -> Optional[ContextPolicy]:
     """The episode's policy from the env's context config; None when context management is off."""
     policies: list[ContextPolicy] = []

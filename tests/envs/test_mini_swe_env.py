@@ -110,3 +110,18 @@ async def test_a_passed_deadline_or_a_cancel_stops_the_harness(service, scripted
     assert (cancelled["status"], cancelled["reason"]) == ("aborted", "cancelled")
     await asyncio.sleep(4)
     assert (len(sleeper.requests), len(waiter.requests)) == (1, 2)
+
+
+async def test_the_envs_context_management_folds_mini_swe_agents_own_history(start_services, scripted_llm):
+    """keep-recent-k (`--context-option`) edits the history mini-swe-agent's loop keeps: older bash
+    observations reach the model as placeholders, and the episode reports the folds."""
+    (folding,) = start_services(("envs.mini_swe.MiniSweAgentEnv", *SANDBOX_ARGS, "--context-option", "keep_recent_k=2"))
+    task = TASKS[0]
+    url, script = scripted_llm.script(*[bash(f"echo step-{i}") for i in range(5)], SUBMIT)
+    async with httpx.AsyncClient() as client:
+        result = await run_episode(client, folding.url, task["task_id"], url)
+    assert result["status"] == "completed" and result["num_turns"] == 6
+    last = [m for m in script.requests[-1]["messages"] if m["role"] == "tool"]
+    assert [m["content"].startswith("[tool output folded") for m in last] == [True] * 3 + [False] * 2
+    assert "step-4" in last[-1]["content"]
+    assert result["info"]["context"]["folds"] == 3 and result["info"]["context"]["calls"] == 6
