@@ -16,6 +16,7 @@ MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
 SDK_VENV  ?= .venv-sdk
 SDK_PIP   := $(SDK_VENV)/bin/python -m pip
 SDK_STAMP := $(SDK_VENV)/.installed
+SDK_CONSTRAINTS ?= constraints.txt
 # Every file the light distribution can ship (a superset of its list): a change to one reinstalls it.
 SDK_SOURCES := distributions/env-sdk/pyproject.toml \
 	$(wildcard envs/*.py envs/sdk/*.py asyncrl/*.py asyncrl/model/config.py asyncrl/protocols/*.py)
@@ -40,13 +41,14 @@ test: install sdk-venv
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 # The asyncrl-env-sdk distribution (distributions/env-sdk) built from this checkout as a wheel and installed
-# alone, at constraints.txt's versions of its dependencies: what tests/envs/test_light_sdk.py serves an env
-# from. Not editable on purpose: the venv holds exactly the files the wheel ships.
+# alone, at constraints.txt's versions of its dependencies (SDK_CONSTRAINTS=distributions/env-sdk/lowest.txt:
+# its ranges' lower bounds): what tests/envs/test_light_sdk.py serves an env from. Not editable on purpose:
+# the venv holds exactly the files the wheel ships.
 sdk-venv: $(SDK_STAMP)
 
-$(SDK_STAMP): $(SDK_SOURCES) constraints.txt
+$(SDK_STAMP): $(SDK_SOURCES) $(SDK_CONSTRAINTS)
 	test -x $(SDK_VENV)/bin/python || $(PYTHON) -m venv $(SDK_VENV)
-	$(SDK_PIP) install -q -c constraints.txt ./distributions/env-sdk
+	$(SDK_PIP) install -q -c $(SDK_CONSTRAINTS) ./distributions/env-sdk
 	touch $(SDK_STAMP)
 
 # Optional tier, in a venv of its own so that the default tier stays megatron-free (its tests skip).

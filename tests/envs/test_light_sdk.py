@@ -1,10 +1,12 @@
 """The light env SDK (distributions/env-sdk; docs/envs.md "Running an env in its own venv: the light SDK"),
-installed alone in .venv-sdk by `make sdk-venv`: torch and Ray do not import there, the venv holds exactly the
-project modules that envs.serve and envs.sdk import (this checkout's own), and docs/envs.md's example env,
-served from that venv, self-registers with a real orchestrator (of the full install) and plays its groups.
+installed alone in .venv-sdk (or $SDK_VENV) by `make sdk-venv`: torch and Ray do not import there, the venv
+holds exactly the project modules that envs.serve and envs.sdk import (this checkout's own), and docs/envs.md's
+example env, served from that venv, self-registers with a real orchestrator (of the full install) and plays
+its groups.
 
 The venv is (re)built by make when it is missing or older than the SDK's sources (~20 s from a warm pip
-cache, ~1 min from the registry), in CI as anywhere: never skipped."""
+cache, ~30 s from the registry), in CI as anywhere: never skipped. $SDK_VENV and $SDK_CONSTRAINTS, which
+make reads too, check another set of dependency versions (distributions/env-sdk/lowest.txt)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tests.test_custom_env import EXAMPLE
 from tests.test_structure import import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
+SDK_VENV = ROOT / os.environ.get("SDK_VENV", ".venv-sdk")
 DISTRIBUTION = "asyncrl-env-sdk"
 HEAVY = ("torch", "ray", "numpy")
 
@@ -30,10 +33,10 @@ pytestmark = pytest.mark.timeout(600)  # the first test may build the venv
 
 @pytest.fixture(scope="module")
 def sdk_python() -> Path:
-    """.venv-sdk's interpreter, after `make sdk-venv` (a no-op when the venv is up to date)."""
+    """SDK_VENV's interpreter, after `make sdk-venv` (a no-op when the venv is up to date)."""
     built = subprocess.run(["make", "sdk-venv"], cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert built.returncode == 0, f"make sdk-venv failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
-    return ROOT / ".venv-sdk" / "bin" / "python"
+    return SDK_VENV / "bin" / "python"
 
 
 def run_in(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -68,7 +71,7 @@ def test_torch_ray_and_numpy_do_not_import_in_the_sdk_venv(sdk_python, tmp_path)
         assert ran.returncode != 0 and f"No module named '{module}'" in ran.stderr, (module, ran.stderr)
     served = run_in(sdk_python, "import envs.serve, envs.sdk.server; print(envs.serve.__file__)", tmp_path)
     assert served.returncode == 0, served.stderr
-    assert Path(served.stdout.strip()).is_relative_to(ROOT / ".venv-sdk")
+    assert Path(served.stdout.strip()).is_relative_to(SDK_VENV)
 
 
 def test_the_venv_holds_exactly_the_modules_the_sdk_imports_from_this_checkout(sdk_python, tmp_path):
@@ -83,7 +86,7 @@ def test_the_venv_holds_exactly_the_modules_the_sdk_imports_from_this_checkout(s
     assert sorted(shipped) == sorted(expected), "distributions/env-sdk/pyproject.toml's force-include list " \
                                                 "is not the modules envs.serve and envs.sdk import"
     stale = [module for module, path in expected.items() if shipped[module].read_bytes() != path.read_bytes()]
-    assert not stale, f".venv-sdk holds other versions of {stale} than this checkout (make sdk-venv)"
+    assert not stale, f"{SDK_VENV} holds other versions of {stale} than this checkout (make sdk-venv)"
     requires = {requirement.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip()
                 for requirement in json.loads(requires_line)}
     assert not requires & set(HEAVY) and {"openai", "fastapi", "uvicorn"} <= requires, requires
