@@ -15,13 +15,17 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
+from packaging.requirements import Requirement
 
-from tests.envs.service_process import ServiceProcess
+from tests.envs.isolation import NAMESPACES, SANDBOX_ARGS
+from tests.envs.scripted_llm import say
+from tests.envs.service_process import ServiceProcess, run_episode
 from tests.orchestrator.conftest import Orchestrator, group_records
 from tests.orchestrator.test_custom_env import reverse_the_word
 from tests.test_custom_env import EXAMPLE
-from tests.test_structure import import_graph
+from tests.test_structure import PACKAGES, import_graph, module_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SDK_VENV = ROOT / os.environ.get("SDK_VENV", ".venv-sdk")
@@ -29,6 +33,26 @@ DISTRIBUTION = "asyncrl-env-sdk"
 HEAVY = ("torch", "ray", "numpy")
 
 pytestmark = pytest.mark.timeout(600)  # the first test may build the venv
+
+SHELL_ENV = '''
+from envs.sdk import Environment, EpisodeResult
+
+
+class ShellEnv(Environment):
+    """Runs the model's reply as a command in the episode's sandbox; an output of 42 is right."""
+    name, domain = "shell", "toy"
+    requires_sandbox = True
+
+    async def list_tasks(self):
+        return ["t-1"]
+
+    async def run_episode(self, task_id, llm, sandbox, ctx):
+        reply = await llm.chat.completions.create(messages=[{"role": "user", "content": "Print 42."}],
+                                                  **ctx.completion_args())
+        ran = await sandbox.run(reply.choices[0].message.content)
+        return EpisodeResult(reward=float(ran.output.strip() == "42"), info={"output": ran.output})
+'''
+"""An env whose episodes run a command in the sandbox (the namespace one where this machine has it)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +81,8 @@ def sdk_modules() -> dict[str, Path]:
             needed.add(module)
             todo.extend(graph[module])
     packages = {".".join(module.split(".")[:end]) for module in needed for end in range(1, module.count(".") + 1)}
-    return {module: _file(module) for module in needed | packages}
-
-
-def _file(module: str) -> Path:
-    path = ROOT.joinpath(*module.split("."))
-    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    files = module_files(ROOT, PACKAGES)
+    return {module: files[module] for module in needed | packages}
 
 
 def test_torch_ray_and_numpy_do_not_import_in_the_sdk_venv(sdk_python, tmp_path):
@@ -87,8 +107,7 @@ def test_the_venv_holds_exactly_the_modules_the_sdk_imports_from_this_checkout(s
                                                 "is not the modules envs.serve and envs.sdk import"
     stale = [module for module, path in expected.items() if shipped[module].read_bytes() != path.read_bytes()]
     assert not stale, f"{SDK_VENV} holds other versions of {stale} than this checkout (make sdk-venv)"
-    requires = {requirement.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip()
-                for requirement in json.loads(requires_line)}
+    requires = {Requirement(requirement).name for requirement in json.loads(requires_line)}
     assert not requires & set(HEAVY) and {"openai", "fastapi", "uvicorn"} <= requires, requires
 
 
@@ -113,3 +132,20 @@ async def test_an_env_served_from_the_sdk_venv_plays_a_real_orchestrators_groups
     records = await group_records(redis_server.url, run_name)
     assert sorted(r.group_id for r in records) == [f"g{i:07d}-reverse-word" for i in (1, 2, 3)]
     assert len(script.requests) == 6
+
+
+async def test_the_sandbox_runs_an_episodes_command_from_the_sdk_venv(sdk_python, tmp_path, scripted_llm):
+    (tmp_path / "shell_env.py").write_text(SHELL_ENV)
+    service = ServiceProcess(f"{tmp_path}/shell_env.py:ShellEnv", tmp_path, *SANDBOX_ARGS, python=sdk_python)
+    try:
+        service.start()
+        url, _ = scripted_llm.script(say("echo $((6 * 7))"))
+        async with httpx.AsyncClient() as client:
+            result = await run_episode(client, service.url, "t-1", url)
+        metrics = service.get("/metrics").text
+    finally:
+        exit_code = service.stop()
+    assert exit_code == 0, service.log()
+    assert (result["status"], result["reward"], result["info"]) == ("completed", 1.0, {"output": "42\n"}), result
+    sandbox = "namespace" if NAMESPACES else "local_unsafe"
+    assert f'asyncrl_env_sandbox_info{{env="shell",type="{sandbox}"}} 1.0' in metrics
