@@ -18,7 +18,7 @@ SDK_PIP   := $(SDK_VENV)/bin/python -m pip
 SDK_STAMP := $(SDK_VENV)/.installed
 SDK_CONSTRAINTS ?= constraints.txt
 # Every file the light distribution can ship (a superset of its list): a change to one reinstalls it.
-SDK_SOURCES := distributions/env-sdk/pyproject.toml \
+SDK_SOURCES := distributions/env-sdk/pyproject.toml pyproject.toml \
 	$(wildcard envs/*.py envs/sdk/*.py asyncrl/*.py asyncrl/model/config.py asyncrl/protocols/*.py)
 
 .PHONY: install run test sdk-venv bench bench-vllm megatron test-megatron clean
