@@ -34,10 +34,7 @@ async def _trainer_records(url: str, run: str) -> list[dict]:
 
 def records_after_run(run_dir: Path, tmp_path: Path) -> list[dict]:
     """The run's own record, read back from a copy of its AOF."""
-    copy = tmp_path / "redis-copy"
-    shutil.copytree(run_dir / "redis", copy)
-    with EmbeddedRedis(copy) as server:
-        return asyncio.run(_trainer_records(server.url, run_dir.name))
+    return asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy", _trainer_records))
 
 
 def live_step(run_dir: Path) -> int:

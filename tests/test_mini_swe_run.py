@@ -5,16 +5,14 @@ the slow mini-swe-agent ones included (async mode would fill every step with ari
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import msgpack
 import pytest
 
-from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
 from tests.envs.isolation import NAMESPACES
-from tests.test_e2e_run import launch, records_after_run
+from tests.test_e2e_run import _in_copy, launch, records_after_run
 
 
 async def _trained_envs(url: str, run: str) -> list[str]:
@@ -30,10 +28,7 @@ async def _trained_envs(url: str, run: str) -> list[str]:
 
 
 def trained_envs(run_dir: Path, tmp_path: Path) -> list[str]:
-    copy = tmp_path / "redis-copy-envs"
-    shutil.copytree(run_dir / "redis", copy)
-    with EmbeddedRedis(copy) as server:
-        return asyncio.run(_trained_envs(server.url, run_dir.name))
+    return asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy-envs", _trained_envs))
 
 
 @pytest.mark.timeout(400)
