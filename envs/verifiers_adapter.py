@@ -46,9 +46,8 @@ class VerifiersEnv(Environment):
         self.splits = ("train", "eval") if eval_taskset_args is not None else ("train",)
         self._tasks = {"train": _tasks(self.vf_env.taskset, "")}
         if eval_taskset_args is not None:
-            held_out = config.taskset.model_copy(update=eval_taskset_args)
-            self._tasks["eval"] = _tasks(vf.load_taskset(type(config.taskset).model_validate(held_out.model_dump())),
-                                         "eval:")
+            held_out = type(config.taskset).model_validate({**config.taskset.model_dump(), **eval_taskset_args})
+            self._tasks["eval"] = _tasks(vf.load_taskset(held_out), "eval:")
         self._by_id = {task_id: task for tasks in self._tasks.values() for task_id, task in tasks.items()}
         self._serving: Optional[AsyncExitStack] = None
 

@@ -36,7 +36,7 @@ def verifiers_python() -> Path:
 def service(verifiers_python, tmp_path_factory):
     proc = ServiceProcess("envs.verifiers_adapter.VerifiersEnv", tmp_path_factory.mktemp("vf-service"),
                           "--option", "env_id=asyncrl-vf-toy", "--option", f"env_args={ENV_ARGS}",
-                          python=str(verifiers_python)).start(timeout_s=180)
+                          "--option", 'eval_taskset_args={"commands": ["date"]}', python=str(verifiers_python)).start(timeout_s=180)
     yield proc
     assert proc.stop() == 0, proc.log()
 
@@ -77,6 +77,18 @@ async def play(service, gateway, token, store, task_id: str) -> tuple[dict, obje
         await sessions.close()
     (sample,) = await store.get_samples(finished["sample_refs"])
     return result, sample
+
+
+async def test_held_out_split_and_a_failing_endpoint(service):
+    """eval_taskset_args serves the taskset's held-out rows as the eval split; an endpoint that answers
+    an error is the infrastructure's failure (llm_error), never a reward of 0 for the model."""
+    assert service.get("/tasks?split=eval").json() == {"task_ids": ["eval:date"], "total": 1, "split": "eval"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        reply = await http.post(f"{service.url}/episodes",
+                                json=episode_request("eval:date", f"{service.url}/no-such-session/v1"))
+    result = reply.json()
+    assert (result["status"], result["reason"], result["outcome"]) == ("failed", "llm_error", "infrastructure")
+    assert "404" in result["info"]["error"], result["info"]
 
 
 def test_the_service_runs_verifiers_own_openai(verifiers_python):
