@@ -56,13 +56,22 @@ class VerifiersEnv(Environment):
 
     async def run_episode(self, task_id: str, llm: openai.AsyncOpenAI, sandbox: None,
                           ctx: EpisodeContext) -> EpisodeResult:
-        if self._serving is None:  # the env's interception and shared tool servers, for the service's life
-            self._serving = AsyncExitStack()
+        if self._serving is None and _needs_serving(self.vf_env):
+            self._serving = AsyncExitStack()  # held for the service's life
             await self._serving.enter_async_context(self.vf_env.serving())
         with _endpoint(llm) as client:
             model = vf.ModelContext(model=ctx.model, client=client, sampling=vf.Sampling(**{k: v for k, v in ctx.sampling.items() if v is not None}))
             episode = await self.vf_env.run_episode(self._by_id[task_id], model)
         return episode_result(episode)
+
+
+def _needs_serving(env: vf.Env) -> bool:
+    """Whether the env has shared tool servers or start/stop hooks, which live in `Env.serving()`. Without
+    them each episode gets an interception server of its own (verifiers' default outside `serving()`),
+    stopped with it: serving()'s shared one keeps an HTTP client per distinct endpoint until it stops,
+    and every gateway session is a distinct endpoint."""
+    return (bool(env.taskset.toolsets(env.taskset.config)) or type(env).start is not vf.Env.start
+            or type(env).stop is not vf.Env.stop)
 
 
 def _tasks(taskset: vf.Taskset, prefix: str) -> dict[str, vf.Task]:

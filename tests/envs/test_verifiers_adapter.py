@@ -81,14 +81,20 @@ async def play(service, gateway, token, store, task_id: str) -> tuple[dict, obje
 
 async def test_held_out_split_and_a_failing_endpoint(service):
     """eval_taskset_args serves the taskset's held-out rows as the eval split; an endpoint that answers
-    an error is the infrastructure's failure (llm_error), never a reward of 0 for the model."""
+    an error is the infrastructure's failure (llm_error), never a reward of 0 for the model. Every episode
+    is a new endpoint (a gateway session): the service keeps no connection open per episode played."""
     assert service.get("/tasks?split=eval").json() == {"task_ids": ["eval:date"], "total": 1, "split": "eval"}
+    open_files = Path(f"/proc/{service.proc.pid}/fd")
     async with httpx.AsyncClient(timeout=60) as http:
-        reply = await http.post(f"{service.url}/episodes",
-                                json=episode_request("eval:date", f"{service.url}/no-such-session/v1"))
-    result = reply.json()
-    assert (result["status"], result["reason"], result["outcome"]) == ("failed", "llm_error", "infrastructure")
-    assert "404" in result["info"]["error"], result["info"]
+        for n in range(8):
+            reply = await http.post(f"{service.url}/episodes",
+                                    json=episode_request("eval:date", f"{service.url}/no-such-session-{n}/v1"))
+            result = reply.json()
+            assert (result["status"], result["reason"], result["outcome"]) == ("failed", "llm_error", "infrastructure")
+            assert "404" in result["info"]["error"], result["info"]
+            if n == 0:
+                after_one = len(list(open_files.iterdir()))
+    assert len(list(open_files.iterdir())) <= after_one + 2
 
 
 def test_the_service_runs_verifiers_own_openai(verifiers_python):
