@@ -58,15 +58,18 @@ test-megatron: megatron
 
 # verifiers environments in a venv of their own: verifiers pins openai<3 (ours is 3.x). It holds verifiers,
 # the envs named by VF_ENVS (the test's toy env; add Hub envs here or pip install them into it) and
-# asyncrl's env SDK. Until the SDK has a torch-free distribution, the SDK's own light dependencies are
-# installed and the repository goes on the venv's path by a .pth file (the one line to replace).
+# asyncrl's env SDK (VERIFIERS_SDK). The adapter is served by file (envs/verifiers_adapter.py:VerifiersEnv).
 verifiers-venv: $(VERIFIERS_STAMP)
 
+# Interim, until the SDK's torch-free distribution lands: the SDK's light dependencies at our pins, and this
+# checkout on the venv's path by a .pth file. With it, this one line becomes
+# VERIFIERS_SDK = $(VERIFIERS_PIP) install -q ./distributions/env-sdk
+VERIFIERS_SDK = $(VERIFIERS_PIP) install -q omegaconf==2.3.1 fastapi==0.163.2 prometheus-client==0.26.0 orjson==3.13.0 && $(VERIFIERS_VENV)/bin/python -c 'import sysconfig; print("$(CURDIR)", file=open(sysconfig.get_paths()["purelib"] + "/asyncrl-repo.pth", "w"))'
+
 $(VERIFIERS_STAMP): Makefile $(shell find $(VF_ENVS) -name '*.py' -o -name pyproject.toml)
-	$(PYTHON) -m venv $(VERIFIERS_VENV)
-	$(VERIFIERS_PIP) install -q --upgrade pip
-	$(VERIFIERS_PIP) install -q verifiers==0.4.0 hydra-core==1.3.8 fastapi==0.163.2 prometheus-client==0.26.0 orjson==3.13.0 $(VF_ENVS)
-	$(VERIFIERS_VENV)/bin/python -c 'import sysconfig; print("$(CURDIR)", file=open(sysconfig.get_paths()["purelib"] + "/asyncrl-repo.pth", "w"))'
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PIP) install -q verifiers==0.4.0 $(VF_ENVS)
+	$(VERIFIERS_SDK)
 	touch $(VERIFIERS_STAMP)
 
 bench: install

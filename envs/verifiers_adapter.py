@@ -1,6 +1,6 @@
 """Serve an installed verifiers environment (an Environments Hub env) as an asyncrl env service.
 
-    .venv-verifiers/bin/python -m envs.serve --env envs.verifiers_adapter.VerifiersEnv \\
+    .venv-verifiers/bin/python -m envs.serve --env envs/verifiers_adapter.py:VerifiersEnv \\
         --option env_id=OWNER/NAME --option 'env_args={"agent": {"runtime": {"type": "subprocess"}}}'
 
 It runs in a venv of its own (`make verifiers-venv`, docs/envs.md): verifiers pins an openai of
@@ -59,9 +59,9 @@ class VerifiersEnv(Environment):
         if self._serving is None and _needs_serving(self.vf_env):
             self._serving = AsyncExitStack()  # held for the service's life
             await self._serving.enter_async_context(self.vf_env.serving())
+        sampling = vf.Sampling(**{key: value for key, value in ctx.sampling.items() if value is not None})
         with _endpoint(llm) as client:
-            model = vf.ModelContext(model=ctx.model, client=client, sampling=vf.Sampling(**{k: v for k, v in ctx.sampling.items() if v is not None}))
-            episode = await self.vf_env.run_episode(self._by_id[task_id], model)
+            episode = await self.vf_env.run_episode(self._by_id[task_id], vf.ModelContext(ctx.model, client, sampling))
         return episode_result(episode)
 
 
@@ -98,7 +98,10 @@ def episode_result(episode: vf.Episode) -> EpisodeResult:
     else the exception naming what broke (the endpoint, the runtime, the env's own code)."""
     if not episode.ok:
         raise _failure(episode)
-    (trace,) = episode.traces  # one seat; a multi-agent env's traces would need a rule of its own
+    if len(episode.traces) != 1:
+        raise ValueError(f"the episode has {len(episode.traces)} traces: multi-agent verifiers envs are not served "
+                         "(which agent's reward, and which calls, would be the policy's?)")
+    (trace,) = episode.traces
     info: dict[str, Any] = {"rewards": {name: r.score for name, r in trace.rewards.items() if r is not None},
                             "metrics": trace.metrics, "stop_condition": trace.stop_condition,
                             "vf_turns": trace.num_turns}

@@ -16,13 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcess:
-    def __init__(self, env: str, workdir: Path, *args: str, python: str = sys.executable):
-        """`python`: the interpreter to serve with (an env's own venv, e.g. .venv-verifiers)."""
+    """`python -m envs.serve --env ENV ...` of this checkout; with `python` (another venv's interpreter) run in
+    `workdir` and without this checkout on its path, so that it imports only what that venv has installed."""
+
+    def __init__(self, env: str, workdir: Path, *args: str, python: Optional[Path] = None):
         self.env = env
         self.url_file = workdir / f"{env.rsplit('.', 1)[-1]}-{time.monotonic_ns()}.url"
         self.log_path = self.url_file.with_suffix(".log")
-        self.argv = [python, "-m", "envs.serve", "--env", env, "--port", "0",
+        self.argv = [str(python or sys.executable), "-m", "envs.serve", "--env", env, "--port", "0",
                      "--url-file", str(self.url_file), *args]
+        if python is None:
+            self.cwd, self.environ = ROOT, {**os.environ, "PYTHONPATH": str(ROOT)}
+        else:
+            self.cwd, self.environ = workdir, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
 
@@ -31,8 +37,8 @@ class ServiceProcess:
 
     def spawn(self) -> "ServiceProcess":
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.environ)
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> "ServiceProcess":

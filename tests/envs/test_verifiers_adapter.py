@@ -21,6 +21,8 @@ from tests.gateway.conftest import (AUTH_TOKEN, GatewayClient, random_engine, re
                                     scripted_checkpoint, scripted_engine, scripted_model, start_gateway, template)
 
 VENV = ROOT / ".venv-verifiers"
+ADAPTER = f"{ROOT}/envs/verifiers_adapter.py:VerifiersEnv"
+"""By file, as docs/envs.md serves it: the venv's SDK need not ship the adapter."""
 ENV_ARGS = '{"agent": {"runtime": {"type": "subprocess"}}}'
 RUN = "verifiers-adapter"
 MAX_TOKENS = 48
@@ -34,9 +36,10 @@ def verifiers_python() -> Path:
 
 @pytest.fixture(scope="module")
 def service(verifiers_python, tmp_path_factory):
-    proc = ServiceProcess("envs.verifiers_adapter.VerifiersEnv", tmp_path_factory.mktemp("vf-service"),
+    proc = ServiceProcess(ADAPTER, tmp_path_factory.mktemp("vf-service"),
                           "--option", "env_id=asyncrl-vf-toy", "--option", f"env_args={ENV_ARGS}",
-                          "--option", 'eval_taskset_args={"commands": ["date"]}', python=str(verifiers_python)).start(timeout_s=180)
+                          "--option", 'eval_taskset_args={"commands": ["date"]}',
+                          python=verifiers_python).start(timeout_s=180)
     yield proc
     assert proc.stop() == 0, proc.log()
 
@@ -45,7 +48,8 @@ def service(verifiers_python, tmp_path_factory):
 def gateways(scripted_engine, random_engine, redis_server, tmp_path_factory):  # noqa: F811
     """name -> (gateway process, its token): the scripted model's without one, the random model's with one."""
     workdir = tmp_path_factory.mktemp("gw-verifiers")
-    procs = {"scripted": (start_gateway(workdir, [scripted_engine], redis_server.url, RUN, name="gw-vf-scripted"), None),
+    procs = {"scripted": (start_gateway(workdir, [scripted_engine], redis_server.url, RUN, name="gw-vf-scripted"),
+                          None),
              "random": (start_gateway(workdir, [random_engine], redis_server.url, RUN, "--auth-token", AUTH_TOKEN,
                                       name="gw-vf-random"), AUTH_TOKEN)}
     yield procs
