@@ -13,6 +13,7 @@ records the tokens and log-probs), and the reward is its trace's weighted reward
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from contextlib import AsyncExitStack, contextmanager
@@ -40,6 +41,8 @@ class VerifiersEnv(Environment):
     name, domain = "verifiers", "verifiers"
 
     def __init__(self, env_id: str, env_args: Optional[dict] = None, eval_taskset_args: Optional[dict] = None):
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # its two INFO lines per rollout: DEBUG's,
+            logging.getLogger("verifiers").setLevel(logging.WARNING)  # as the SDK's own episode lines are
         args = dict(env_args or {})
         config = vf.resolve_env_config({**args, "taskset": {**args.get("taskset", {}), "id": env_id}})
         self.vf_env = vf.load_environment(config)
