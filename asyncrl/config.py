@@ -279,6 +279,12 @@ class OrchestratorConfig:
     episode_timeout_s_by_env: dict[str, float] = field(default_factory=dict)
     """episode_timeout_s (deadline_s) of one env's episodes, by env name or domain; missing = episode_timeout_s.
     The launcher fills it from envs.services.<name>.episode_timeout_s."""
+    wait_for_envs: list[str] = field(default_factory=list)
+    """Env names whose tasks new groups wait for at start, so that the first steps' mix holds every env of
+    the run and not only those that came up first (the launcher fills in the run's envs); empty: none."""
+    wait_for_envs_s: float = 120.0
+    """How long new groups wait for `wait_for_envs`; then they start with the envs there are (a warning
+    names the missing ones)."""
     domain_weights: dict[str, float] = field(default_factory=dict)
     """Dispatch ratios by env name or domain, e.g. {swe: 2, terminal: 1, search: 1}; a domain's weight is
     shared by its envs (in proportion to their registered weights); missing = env's registered weight."""
@@ -328,6 +334,10 @@ class EnvServiceConfig:
     `local_unsafe`, or the import path of a SandboxBackend."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
     """SandboxConfig fields (envs/sdk/sandbox.py: memory_mb, ro_paths, ...), passed as `--sandbox-option k=v`."""
+    python: Optional[str] = None
+    """The interpreter of this env's service processes, for an env in a venv of its own (the light env SDK and
+    what the env needs, docs/envs.md): e.g. .venv-verifiers/bin/python, relative to the run's working
+    directory; None: the run's own interpreter."""
     context: dict[str, Any] = field(default_factory=dict)
     """Context management of the env's agent loops, ContextConfig fields (envs/sdk/context.py: keep_recent_k,
     discard_at_tokens, ...), passed as `--context-option k=v`; empty: off."""

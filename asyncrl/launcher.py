@@ -217,6 +217,8 @@ class Job:
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
+        for env in cfg.envs.services.values():
+            self._guard(f"env service {env.name}", lambda: env_interpreter(env))  # a wrong path fails before any start
         model_path = self._initial_weights()
         # Ray builds the trainer (worker, torch, model, checkpoint: seconds) while the services start up;
         # it begins training once they serve.
@@ -288,13 +290,14 @@ class Job:
         self.engines.urls()
 
     def _service(self, name: str, module: str, args: list[str], env: Optional[dict[str, str]] = None,
-                 port: int = 0) -> str:
-        """A supervised `python -m module args` in a Ray actor, bound to `port` (0: a free one) -> its URL."""
+                 port: int = 0, python: Optional[str] = None) -> str:
+        """A supervised `python -m module args` in a Ray actor, bound to `port` (0: a free one) -> its URL;
+        `python`: another interpreter than the run's."""
         import ray
 
         actor = ray.remote(ServiceActor).options(name=f"{self.cfg.name}-{name}", num_cpus=0, max_restarts=-1,
                                                  max_task_retries=3, max_concurrency=4)
-        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env, port)
+        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env, port, python)
         self.services[name] = handle
         return ray.get(handle.url.remote(), timeout=300)
 
@@ -324,7 +327,8 @@ class Job:
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
                              env_service_args(self.run_dir, env, orchestrator),
                              {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token),
-                              **_token_env(SERVICE_TOKEN_ENV, self.cfg.envs.auth_token)})
+                              **_token_env(SERVICE_TOKEN_ENV, self.cfg.envs.auth_token)},
+                             python=env_interpreter(env))
 
     def _create_trainer(self, model_path: str) -> None:
         import ray
@@ -564,7 +568,7 @@ def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> Orches
     envs = cfg.envs.services.values()
     return replace(o, redis_url=redis_url, run_name=cfg.name, gateway_url=gateway, llm_url=None,
                    seed=cfg.seed, sampling=cfg.rollout.sampling, staleness_limit=staleness,
-                   groups_per_step=groups_per_version,
+                   groups_per_step=groups_per_version, wait_for_envs=[e.name for e in envs],
                    max_turns_by_env=_by_env(o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
                    episode_timeout_s_by_env=_by_env(o.episode_timeout_s_by_env,
                                                     {e.name: e.episode_timeout_s for e in envs}))
@@ -572,6 +576,17 @@ def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> Orches
 
 def _by_env(configured: dict, own: dict) -> dict:
     return {**configured, **{name: value for name, value in own.items() if value is not None}}
+
+
+def env_interpreter(env: EnvServiceConfig) -> Optional[str]:
+    """The absolute path of the env's `python` (relative to the working directory), or None for the run's own;
+    a ValueError naming the field when nothing executable is there."""
+    if env.python is None:
+        return None
+    path = Path(env.python).expanduser().absolute()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ValueError(f"envs.services.{env.name}.python: no executable interpreter at {path}")
+    return str(path)
 
 
 def env_service_args(run_dir: Path, env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:

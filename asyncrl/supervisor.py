@@ -137,9 +137,11 @@ class ServiceActor(Supervisor):
     binds a free port (its URL changes at a restart); a fixed port restarts the service where it was."""
 
     def __init__(self, name: str, module: str, args: list[str], work_dir: str, env: Optional[dict[str, str]] = None,
-                 port: int = 0, **supervisor_options: Any) -> None:
+                 port: int = 0, python: Optional[str] = None, **supervisor_options: Any) -> None:
         super().__init__(name, work_dir, **supervisor_options)
         self.module, self.args, self.env, self.port = module, list(args), dict(env or {}), port
+        self.python = python or sys.executable
+        """The interpreter: another venv's runs a service whose dependencies do not fit the run's venv."""
         self._url: Optional[str] = None
         self.start()
 
@@ -152,7 +154,7 @@ class ServiceActor(Supervisor):
         self.url_file.unlink(missing_ok=True)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", self.module, *self.args, "--port", str(self.port), "--url-file", str(self.url_file)]
+        return [self.python, "-m", self.module, *self.args, "--port", str(self.port), "--url-file", str(self.url_file)]
 
     def environment(self) -> dict[str, str]:
         return self.env

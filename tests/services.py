@@ -53,17 +53,17 @@ def unpublished_bodies(openapi: dict, bodyless: frozenset[str] = frozenset()) ->
 
 class ServiceProcess:
     """`python -m <module> ... --port 0 --url-file F` as a child process; `url` once it serves.
-    A fixed `port` restarts a service where its clients expect it."""
+    A fixed `port` restarts a service where its clients expect it; `python` runs it with another interpreter."""
 
     def __init__(self, module: str, args: list[str], workdir: Path, name: Optional[str] = None,
-                 env: Optional[dict[str, str]] = None, port: int = 0) -> None:
+                 env: Optional[dict[str, str]] = None, port: int = 0, python: Optional[str] = None) -> None:
         self.name = name or module
         self.url_file = workdir / f"{self.name}.url"
         self.log_path = workdir / f"{self.name}.log"
         self.url_file.unlink(missing_ok=True)
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "--port", str(port), "--url-file", str(self.url_file)],
+            [python or sys.executable, "-m", module, *args, "--port", str(port), "--url-file", str(self.url_file)],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.url = self._wait_url()
 

@@ -11,6 +11,7 @@ is given one (FIXED), with the reason.
 
 from __future__ import annotations
 
+import sys
 import typing
 from dataclasses import fields, is_dataclass, replace
 from types import SimpleNamespace
@@ -39,6 +40,7 @@ FIXED: dict[str, Any] = {
     "env.sandbox": "local_unsafe",  # a sandbox type that exists (default namespace)
     "env.sandbox_options": {"memory_mb": 1024},  # a SandboxConfig field
     "env.context": {"keep_recent_k": 5},  # a ContextConfig field
+    "env.python": sys.executable,  # an interpreter that exists (default None: the run's own)
     # The launcher replaces these by rollout.routing_replay and rollout.sampling (both varied): kept at
     # their defaults here, so that a builder that forgot to replace them is seen.
     "gateway.routing_replay": False,
@@ -58,6 +60,7 @@ LAUNCHER_FILLS: dict[str, Callable[[RunConfig, dict], Any]] = {
     "orchestrator.seed": lambda cfg, urls: cfg.seed,
     "orchestrator.sampling": lambda cfg, urls: section_data(cfg.rollout.sampling),
     "orchestrator.staleness_limit": lambda cfg, urls: cfg.trainer.staleness_tau,  # async mode
+    "orchestrator.wait_for_envs": lambda cfg, urls: [e.name for e in cfg.envs.services.values()],
     "orchestrator.groups_per_step": lambda cfg, urls: (cfg.trainer.groups_per_step
                                                        * cfg.trainer.weight_push.every_k_steps),
     "orchestrator.max_turns_by_env": lambda cfg, urls: {**cfg.orchestrator.max_turns_by_env,
@@ -151,8 +154,8 @@ def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
     cfg = run_config()
     job, started = Job(cfg, tmp_path, redis_server.url), []
 
-    def service(name: str, module: str, args: list[str], env=None, port: int = 0) -> str:  # the supervisor, no Ray
-        started.append(ServiceProcess(module, args, tmp_path, name=name, env=env, port=port))
+    def service(name: str, module: str, args: list[str], env=None, port: int = 0, python=None) -> str:  # no Ray
+        started.append(ServiceProcess(module, args, tmp_path, name=name, env=env, port=port, python=python))
         return started[-1].url
 
     job._service = service

@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
 from asyncrl.evaluate import Driver, EvalSpec
-from asyncrl.launcher import Job, env_service_args, orchestrator_section
+from asyncrl.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
@@ -255,7 +255,7 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
     cfg = load("experiment=tiny_demo", "+envs.services.sh={target: envs.terminal.TerminalEnv, sandbox: local_unsafe}")
     job = Job(cfg, tmp_path, "redis://unused")
     started = []
-    job._service = lambda name, module, args, env=None, port=0: started.append(args) or "http://env"
+    job._service = lambda name, module, args, env=None, port=0, python=None: started.append(args) or "http://env"
     with caplog.at_level("WARNING", logger="asyncrl.launcher"):
         for env in cfg.envs.services.values():
             for replica in range(2):
@@ -271,7 +271,8 @@ def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monk
     off their command lines); asyncrl eval's driver sends it too."""
     cfg = load("experiment=tiny_demo", "envs.auth_token=env-secret")
     job, started = Job(cfg, tmp_path, "redis://unused"), {}
-    job._service = lambda name, module, args, env=None, port=0: started.update({name: (args, env)}) or "http://env"
+    job._service = lambda name, module, args, env=None, port=0, python=None: (started.update({name: (args, env)})
+                                                                              or "http://env")
     job._start_env(cfg.envs.services["arithmetic"], 0, None)
     job._start_orchestrator("http://gateway")
     assert all(env[SERVICE_TOKEN_ENV] == "env-secret" and "env-secret" not in args for args, env in started.values())
@@ -280,3 +281,22 @@ def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monk
     assert parse_args(started["orchestrator"][0])[0].env_token == "env-secret"
     driver = Driver(cfg, EvalSpec(cfg.envs.services["arithmetic"]), "http://gateway", None, 1)
     assert driver.http.headers["authorization"] == "Bearer env-secret"
+
+
+def test_an_envs_python_is_the_interpreter_the_launcher_starts_it_with(tmp_path):
+    """envs.services.<env>.python (relative to the working directory) reaches the service's supervisor as an
+    absolute path; one that names no interpreter stops the run before anything starts, naming the field.
+    tests/envs/test_light_sdk.py runs a service with another venv's interpreter through the supervisor."""
+    python = Path(sys.executable)
+    relative = os.path.relpath(python, Path.cwd())
+    cfg = load("experiment=tiny_demo", f"envs.services.arithmetic.python={relative}")
+    job, started = Job(cfg, tmp_path, "redis://unused"), {}
+    job._service = lambda name, module, args, env=None, port=0, python=None: started.update({name: python}) or "url"
+    job._start_env(cfg.envs.services["arithmetic"], 0, None)
+    assert started == {"env-arithmetic-0": str(Path.cwd() / relative)}
+    wrong = Job(load("experiment=tiny_demo", f"envs.services.arithmetic.python={tmp_path}/no-venv/bin/python"),
+                tmp_path, "redis://unused")
+    wrong._initial_weights = lambda: pytest.fail("the run went on past a missing interpreter")
+    with pytest.raises(ComponentFailed, match=f"envs.services.arithmetic.python: no executable interpreter at "
+                                              f"{tmp_path}/no-venv/bin/python"):
+        wrong.start()

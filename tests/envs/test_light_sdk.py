@@ -19,6 +19,10 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
+from asyncrl.config import EnvServiceConfig
+from asyncrl.launcher import env_interpreter, env_service_args
+from asyncrl.supervisor import ServiceActor
+
 from tests.envs.isolation import NAMESPACES, SANDBOX_ARGS
 from tests.envs.scripted_llm import say
 from tests.envs.service_process import ServiceProcess, run_episode
@@ -149,3 +153,35 @@ async def test_the_sandbox_runs_an_episodes_command_from_the_sdk_venv(sdk_python
     assert (result["status"], result["reward"], result["info"]) == ("completed", 1.0, {"output": "42\n"}), result
     sandbox = "namespace" if NAMESPACES else "local_unsafe"
     assert f'asyncrl_env_sandbox_info{{env="shell",type="{sandbox}"}} 1.0' in metrics
+
+
+PREFIX_ENV = '''
+import sys
+
+from envs.sdk import Environment, EpisodeResult
+
+
+class PrefixEnv(Environment):
+    """Its one task id is the prefix of the interpreter that serves it."""
+    name, domain = "prefix", "toy"
+
+    async def list_tasks(self):
+        return [sys.prefix]
+
+    async def run_episode(self, task_id, llm, sandbox, ctx):
+        return EpisodeResult(reward=0.0)
+'''
+
+
+def test_the_launchers_supervisor_runs_an_env_with_the_interpreter_its_section_names(sdk_python, tmp_path):
+    """envs.services.<env>.python: the launcher's ServiceActor (here without Ray) starts the env's service with
+    that venv's interpreter, from the section file the launcher writes."""
+    (tmp_path / "prefix_env.py").write_text(PREFIX_ENV)
+    env = EnvServiceConfig(name="prefix", target=f"{tmp_path}/prefix_env.py:PrefixEnv", python=str(sdk_python))
+    actor = ServiceActor("env-prefix-0", "envs.serve", env_service_args(tmp_path, env, None),
+                         str(tmp_path / "services"), python=env_interpreter(env))
+    try:
+        tasks = httpx.get(f"{actor.url()}/tasks", timeout=30).json()
+    finally:
+        assert actor.shutdown() == 0, actor.log_path.read_text()[-3000:]
+    assert tasks["task_ids"] == [str(SDK_VENV)]  # sys.prefix of the venv, not of the run's interpreter
