@@ -61,6 +61,9 @@ class Orchestrator:
         self.groups: dict[str, Group] = {}
         """Open groups (accepted, not yet complete)."""
         self.operator_paused = False
+        self.awaited_envs = list(cfg.wait_for_envs)
+        """Envs new groups still wait for (their tasks are not listed yet), until wait_for_envs_s have passed."""
+        self._await_until = time.monotonic() + cfg.wait_for_envs_s
         self.http = client_session()
         self.envs = EnvClient(self.http, cfg.env_token)
         self.sessions = make_sessions(cfg, self.http)
@@ -110,7 +113,19 @@ class Orchestrator:
 
     @property
     def pause_reasons(self) -> list[str]:
-        return (["operator"] if self.operator_paused else []) + self.backpressure.reasons()
+        return ((["operator"] if self.operator_paused else []) + (["waiting_for_envs"] if self._awaiting() else [])
+                + self.backpressure.reasons())
+
+    def _awaiting(self) -> list[str]:
+        """The run's envs whose tasks are not listed yet, while new groups wait for them (wait_for_envs)."""
+        if self.awaited_envs:
+            self.awaited_envs = [name for name in self.awaited_envs
+                                 if name not in self.scheduler.queues or self.scheduler.queues[name].tasks is None]
+            if self.awaited_envs and time.monotonic() >= self._await_until:
+                log.warning("new groups start without env(s) %s: not serving tasks %gs after start",
+                            self.awaited_envs, self.cfg.wait_for_envs_s)
+                self.awaited_envs = []
+        return self.awaited_envs
 
     # Dispatch loop --------------------------------------------------------------------------------
     async def dispatch_forever(self) -> None:
@@ -142,11 +157,16 @@ class Orchestrator:
                 group, member = decision.queue.pending.popleft()
                 self._launch(decision.queue, group, member, now, trigger)
         self.metrics.queued.set(self.scheduler.queued)
-        return self.scheduler.wake_in(now)
+        wake_in = self.scheduler.wake_in(now)
+        if self.awaited_envs:  # re-check at the wait's end even if nothing else happens
+            wait_end = max(0.0, self._await_until - now)
+            wake_in = wait_end if wake_in is None else min(wake_in, wait_end)
+        return wake_in
 
     def _new_groups_allowed(self) -> bool:
         limit = self.cfg.max_groups
-        return (limit is None or self.counters.ordinal < limit) and not self.backpressure.reasons()
+        return ((limit is None or self.counters.ordinal < limit) and not self._awaiting()
+                and not self.backpressure.reasons())
 
     def _start_group(self, q: EnvQueue, now: float, trigger: float) -> None:
         cursor = self.counters.cursors.get(q.name, 0)

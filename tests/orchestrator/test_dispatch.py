@@ -176,3 +176,31 @@ async def test_backpressure_reacts_to_the_trainer_at_once_not_at_the_next_poll(o
         assert time.monotonic() - started < 10
     finally:
         await store.close()
+
+
+async def test_new_groups_wait_for_the_runs_envs_so_the_first_groups_hold_every_env(orchestrators, env_pool,
+                                                                                     redis_server, run_name):
+    """wait_for_envs (the launcher names the run's envs): an env that comes up late still gets its share of the
+    first groups, instead of the first steps holding only the envs that came up first."""
+    import time
+
+    orch = orchestrators("--group-size", "2", "--max-groups", "8", "--wait-for-envs", "early",
+                         "--wait-for-envs", "late")
+    orch.register(env_pool[0].url, name="early")
+    time.sleep(2.0)
+    waiting = orch.status()
+    assert waiting["pause_reasons"] == ["waiting_for_envs"] and waiting["in_flight"] == 0, waiting
+    orch.register(env_pool[1].url, name="late")
+    orch.wait_done(8)
+    first = [r.env for r in sorted(await group_records(redis_server.url, run_name), key=lambda r: r.group_id)][:2]
+    assert sorted(first) == ["early", "late"]
+
+
+def test_an_env_that_never_comes_holds_new_groups_only_for_wait_for_envs_s(orchestrators, env_pool):
+    orch = orchestrators("--group-size", "2", "--max-groups", "2", "--wait-for-envs", "timed",
+                         "--wait-for-envs", "absent", "--wait-for-envs-s", "3")
+    orch.register(env_pool[0].url)
+    assert orch.status()["pause_reasons"] == ["waiting_for_envs"]
+    status = orch.wait_done(2, timeout_s=30)
+    assert status["pause_reasons"] == [] and status["groups_recorded"] == 2
+    assert "new groups start without env(s) ['absent']" in orch.proc.log()
