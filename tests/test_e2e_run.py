@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from asyncrl.redis_server import EmbeddedRedis
@@ -209,6 +210,22 @@ async def _in_copy(run_dir: Path, copy: Path, read):
         return await read(server.url, run_dir.name)
     finally:
         server.stop()
+
+
+async def _trained_envs(url: str, run: str) -> list[str]:
+    """The env of every group the trainer acknowledged (consumed list -> the groups stream's records)."""
+    store = Store.connect(url, run)
+    try:
+        consumed = [msgpack.unpackb(e, raw=False)[0] for e in await store.redis.lrange(store.key("consumed"), 0, -1)]
+        groups = {entry.decode(): fields[b"group_id"].decode()
+                  for entry, fields in await store.redis.xrange(store.key("groups"))}
+        return [groups[entry].rsplit("-", 1)[1] for entry in consumed]
+    finally:
+        await store.close()
+
+
+def trained_envs(run_dir: Path, tmp_path: Path) -> list[str]:
+    return asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy-envs", _trained_envs))
 
 
 async def _acked_groups(run_dir: Path, tmp_path: Path) -> list[str]:

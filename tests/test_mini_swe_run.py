@@ -3,44 +3,24 @@ the tiny model solves no SWE task, but its mini-swe-agent episodes end as model 
 their groups are trained, none fails. Sync mode, so each step's batch waits for the groups started for it,
 the slow mini-swe-agent ones included (async mode would fill every step with arithmetic first)."""
 
-import asyncio
 import json
-from pathlib import Path
 
-import msgpack
 import pytest
 
-from asyncrl.store import Store
 from tests.envs.isolation import NAMESPACES
-from tests.test_e2e_run import _in_copy, launch, records_after_run
-
-
-async def _trained_envs(url: str, run: str) -> list[str]:
-    """The env of every group the trainer acknowledged (consumed list -> the groups stream's records)."""
-    store = Store.connect(url, run)
-    try:
-        consumed = [msgpack.unpackb(e, raw=False)[0] for e in await store.redis.lrange(store.key("consumed"), 0, -1)]
-        groups = {entry.decode(): fields[b"group_id"].decode()
-                  for entry, fields in await store.redis.xrange(store.key("groups"))}
-        return [groups[entry].rsplit("-", 1)[1] for entry in consumed]
-    finally:
-        await store.close()
-
-
-def trained_envs(run_dir: Path, tmp_path: Path) -> list[str]:
-    return asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy-envs", _trained_envs))
+from tests.test_e2e_run import launch, records_after_run, trained_envs
 
 
 @pytest.mark.timeout(400)
 def test_a_run_with_mini_swe_agent_in_the_mix_finishes_its_steps(tmp_path):
     run_dir = tmp_path / "mini_swe_run"
     sandbox = "namespace" if NAMESPACES else "local_unsafe"
-    proc = launch(run_dir, "mini_swe_run", "mode=sync", "total_steps=3", "warmup.steps=0", "trainer.groups_per_step=4",
+    proc = launch(run_dir, "mini_swe_run", "mode=sync", "total_steps=2", "warmup.steps=0", "trainer.groups_per_step=4",
                   "orchestrator.group_size=4",
                   f"+envs.services.mini_swe={{target: envs.mini_swe.MiniSweAgentEnv, capacity: 8, max_turns: 2, "
                   f"sandbox: {sandbox}}}")
     assert proc.wait(360) == 0, (tmp_path / "mini_swe_run.log").read_text()[-4000:]
-    assert [int(r["step"]) for r in records_after_run(run_dir, tmp_path)] == [1, 2, 3]
+    assert [int(r["step"]) for r in records_after_run(run_dir, tmp_path)] == [1, 2]
     outcomes = json.loads((run_dir / "summary.json").read_text())["outcomes"]
     assert set(outcomes["mini_swe"]) == {"model"} and outcomes["mini_swe"]["model"] >= 4, outcomes  # none failed
     assert outcomes["arithmetic"].get("model", 0) > 0, outcomes
