@@ -106,12 +106,11 @@ def episode_result(episode: vf.Episode) -> EpisodeResult:
                          "(which agent's reward, and which calls, would be the policy's?)")
     (trace,) = episode.traces
     info: dict[str, Any] = {"rewards": {name: r.score for name, r in trace.rewards.items() if r is not None},
-                            "metrics": trace.metrics, "stop_condition": trace.stop_condition,
-                            "vf_turns": trace.num_turns}
+                            "metrics": trace.metrics, "stop_condition": trace.stop_condition}
     if trace.is_truncated:
         reason = TRUNCATIONS.get(trace.stop_condition, EpisodeReason.max_tokens)  # else a reply cut at max_tokens
-        return EpisodeResult(trace.reward, EpisodeStatus.truncated, info, reason)
-    return EpisodeResult(trace.reward, info=info)
+        return EpisodeResult(trace.reward, EpisodeStatus.truncated, info, reason, num_turns=trace.num_turns)
+    return EpisodeResult(trace.reward, info=info, num_turns=trace.num_turns)
 
 
 def _failure(episode: vf.Episode) -> Exception:

@@ -58,6 +58,9 @@ class EpisodeResult:
     reason: Optional[EpisodeReason] = None
     """completed, max_turns or max_tokens; None means completed for a completed result and max_turns
     for a truncated one (`LoopOutcome.reason` is the AgentLoop's)."""
+    num_turns: Optional[int] = None
+    """Model calls the env made through a client of its own instead of `llm` (verifiers' interception
+    server); None: the SDK's count of the calls answered through `llm`."""
 
 
 class Environment(ABC):

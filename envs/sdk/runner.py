@@ -136,13 +136,14 @@ class EpisodeRunner:
             del self._running[req.episode_id]
             self.metrics.in_flight.set(len(self._running))
         elapsed = time.monotonic() - started
-        self.metrics.finished(result.reason, result.reward, counter.turns, elapsed)
+        turns = counter.turns if result.num_turns is None else result.num_turns
+        self.metrics.finished(result.reason, result.reward, turns, elapsed)
         self.metrics.context(context)
         info = {**result.info, "context": context.summary()} if context.prompt_tokens or context.edits else result.info
         log.debug("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
-                 req.task_id, result.status.value, result.reason.value, result.reward, counter.turns, elapsed)
+                 req.task_id, result.status.value, result.reason.value, result.reward, turns, elapsed)
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
-                               status=result.status, reason=result.reason, num_turns=counter.turns,
+                               status=result.status, reason=result.reason, num_turns=turns,
                                info=_jsonable(info))
 
     def cancel(self, episode_id: str) -> bool:
@@ -231,7 +232,7 @@ def _checked(result: EpisodeResult, env_name: str) -> EpisodeResult:
         status = EpisodeStatus(result.status)
         reason = result.reason or DEFAULT_REASONS[status]
         if OUTCOMES.get(reason) == (OutcomeClass.model, status):
-            return EpisodeResult(result.reward, status, result.info, EpisodeReason(reason))
+            return EpisodeResult(result.reward, status, result.info, EpisodeReason(reason), result.num_turns)
         problem = f"env returned status {status.value!r} with reason {getattr(reason, 'value', reason)!r}"
     return _ended(EpisodeReason.env_error, {"error": problem})
 

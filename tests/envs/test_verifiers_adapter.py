@@ -124,6 +124,7 @@ async def test_episodes_through_gateway_sessions_get_the_rubric_rewards(
             assert (result["reward"], result["status"], result["reason"], result["outcome"]) == (expected, *ending,
                                                                                                   "model")
             assert result["info"]["rewards"] == {"ran_the_command": expected}
+            assert result["num_turns"] == 1  # verifiers' count: its calls do not go through the SDK's client
             assert (sample.reward, sample.task_id, sample.num_turns) == (expected, task_id, 1)
             assert len(generated) > 0 and sample.rollout_logprobs.shape == sample.tokens.shape
             assert_teacher_forced(scripted_model if model == "scripted" else reference_model,
