@@ -34,7 +34,8 @@ from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
 from asyncrl.tokenizer import load_tokenizer  # noqa: E402
 from envs.sdk import AgentLoop, EpisodeContext, Tool  # noqa: E402
 from envs.sdk.context import ContextConfig, ContextLog, build_policy  # noqa: E402
-from tests.gateway.scripted import TOOLS, save_scripted_checkpoint  # noqa: E402
+from tests.gateway.scripted import (AGENT_TASK, OBSERVATION_CHARS, TOOLS, observation,  # noqa: E402
+                                    save_scripted_checkpoint)
 from tests.services import ServiceProcess  # noqa: E402
 
 POLICIES = {
@@ -44,15 +45,6 @@ POLICIES = {
     "discard-all T=1500": ContextConfig(discard_at_tokens=1500),
     "keep-recent-5 + discard-all T=1500": ContextConfig(keep_recent_k=5, discard_at_tokens=1500),
 }
-TASK = [{"role": "system", "content": "You run shell commands."}, {"role": "user", "content": "Explore the files."}]
-OBSERVATION_CHARS = 120
-
-
-def observation(n: int) -> str:
-    line = f"-rw-r--r-- 1 root root {n:04d} file_{n:03d}.py\n"
-    return (line * (OBSERVATION_CHARS // len(line) + 1))[:OBSERVATION_CHARS]
-
-
 async def episode(gateway: str, config: ContextConfig, calls: int) -> dict:
     async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
         session = (await http.post("/sessions", json={"group_id": "g", "task_id": "t", "env": "bench"})).json()
@@ -69,7 +61,7 @@ async def episode(gateway: str, config: ContextConfig, calls: int) -> dict:
         llm = openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused")
         started = time.perf_counter()
         await AgentLoop(llm, ctx, [Tool("bash", tool["description"], tool["parameters"], bash)]).run(
-            [dict(m) for m in TASK])
+            [dict(m) for m in AGENT_TASK])
         seconds = time.perf_counter() - started
         await llm.close()
         segments = (await http.get(f"/sessions/{session['session_id']}")).json()["segments"]

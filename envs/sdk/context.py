@@ -72,10 +72,6 @@ class ContextConfig:
         if self.discard_keep_rounds < 0:
             raise ValueError(f"context.discard_keep_rounds must be >= 0, got {self.discard_keep_rounds}")
 
-    @property
-    def enabled(self) -> bool:
-        return self.keep_recent_k is not None or self.discard_at_tokens is not None or self.policy is not None
-
 
 @dataclass
 class ContextLog:
@@ -104,7 +100,7 @@ class ContextLog:
 
 @dataclass
 class ContextView:
-    """What a policy may read besides the messages: the context's size and the conversation's rounds."""
+    """What a policy may read besides the messages: the last call's context size, and a bound of the next's."""
 
     last_context_tokens: Optional[int]
     """Prompt + completion tokens of the last call (exact, the gateway's usage); None before the first."""

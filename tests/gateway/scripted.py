@@ -29,6 +29,18 @@ UTF-8 characters mid-reply, as byte-level BPE models produce them."""
 COMMAND = "ls"
 REPLY = {"role": "assistant", "content": CONTENT, "reasoning_content": REASONING,
          "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": COMMAND}}}]}
+AGENT_TASK = [{"role": "system", "content": "You run shell commands."},
+              {"role": "user", "content": "Explore the files."}]
+"""The task of the long agent episodes played with this model (context management's test and bench)."""
+OBSERVATION_CHARS = 120
+
+
+def observation(n: int) -> str:
+    """What the n-th `ls` of those episodes returns: OBSERVATION_CHARS characters of a listing."""
+    line = f"-rw-r--r-- 1 root root {n:04d} file_{n:03d}.py\n"
+    return (line * (OBSERVATION_CHARS // len(line) + 1))[:OBSERVATION_CHARS]
+
+
 LOGIT_MARGIN = 30.0
 _ZEROED = ("o_proj.weight", "mlp.down_proj.weight", "experts.down_proj", "shared_experts.down_proj.weight")
 

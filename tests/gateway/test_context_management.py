@@ -17,20 +17,12 @@ import pytest
 from envs.sdk import AgentLoop, EpisodeContext, Tool
 from envs.sdk.context import ContextConfig, ContextLog, build_policy, rounds
 from tests.gateway.checks import assert_engine_replays, assert_ledger_consistent
-from tests.gateway.scripted import COMMAND, CONTENT, TOOLS
-
-TOOL = TOOLS[0]["function"]
+from tests.gateway.scripted import AGENT_TASK, COMMAND, CONTENT, OBSERVATION_CHARS, TOOLS, observation
 from tests.trainer.helpers import make_group
 from trainer.advantages import score_group
 
 MAX_TURNS = 44
-OBSERVATION_CHARS = 120
-TASK = [{"role": "system", "content": "You run shell commands."}, {"role": "user", "content": "Explore the files."}]
-
-
-def observation(n: int) -> str:
-    line = f"-rw-r--r-- 1 root root {n:04d} file_{n:03d}.py\n"
-    return (line * (OBSERVATION_CHARS // len(line) + 1))[:OBSERVATION_CHARS]
+TOOL = TOOLS[0]["function"]
 
 
 class Episode:
@@ -58,7 +50,7 @@ class Episode:
         http = httpx.AsyncClient(event_hooks={"request": [on_request]}, timeout=120)
         llm = openai_client(base_url=self.session["base_url"], http_client=http)
         tool = Tool("bash", TOOL["description"], TOOL["parameters"], bash)
-        outcome = await AgentLoop(llm, self.ctx, [tool]).run([dict(m) for m in TASK])
+        outcome = await AgentLoop(llm, self.ctx, [tool]).run([dict(m) for m in AGENT_TASK])
         await http.aclose()
         assert self.calls == outcome.turns == self.max_turns  # a tool call on every turn, ended by max_turns
         return outcome.messages
@@ -72,8 +64,8 @@ def round_tokens(template, tool_content: str) -> int:
     """Tokens one round (the scripted call and an observation) adds to a fresh render."""
     call = {"role": "assistant", "content": CONTENT,
             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}
-    base = template.render(TASK, TOOLS, add_generation_prompt=True)
-    grown = template.render([*TASK, call, {"role": "tool", "tool_call_id": "c", "content": tool_content}], TOOLS,
+    base = template.render(AGENT_TASK, TOOLS, add_generation_prompt=True)
+    grown = template.render([*AGENT_TASK, call, {"role": "tool", "tool_call_id": "c", "content": tool_content}], TOOLS,
                             add_generation_prompt=True)
     return len(grown) - len(base)
 
@@ -164,7 +156,7 @@ async def test_discard_all_keeps_every_prompt_under_its_budget(
     for n, (before, after) in enumerate(zip(episode.sent, episode.sent[1:]), start=1):
         if len(after) < len(before):  # request n after a discard: the task, the note, the latest round
             discards += 1
-            assert after[:2] == TASK and after[2]["role"] == "user" and "discarded" in after[2]["content"]
+            assert after[:2] == AGENT_TASK and after[2]["role"] == "user" and "discarded" in after[2]["content"]
             assert [m["role"] for m in after[3:]] == ["assistant", "tool"] and after[4]["content"] == observation(n)
             assert after[3]["tool_calls"][0]["function"]["name"] == "bash"
     assert discards == episode.log.discards
