@@ -24,7 +24,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from asyncrl.types import GroupRecord, Sample, TrainingGroup
+from asyncrl.types import GroupRecord, Sample, TrainedTokens, TrainingGroup
 
 T = TypeVar("T")
 
@@ -171,6 +171,26 @@ class Store:
             out.append(Sample.decode(entries[0][1][b"data"]))
         return out
 
+    async def list_samples(self, before: str = "+", count: int = 100) -> list[tuple[str, Sample]]:
+        """(stream id, sample) of up to `count` samples recorded before stream id `before` ("+": the newest
+        first), newest first: paging for dashboards."""
+        end = f"({before}" if before != "+" else "+"
+        entries = await self.redis.xrevrange(self.key("samples"), end, "-", count=count)
+        return [(_s(ref), Sample.decode(fields[b"data"])) for ref, fields in entries]
+
+    async def add_trained(self, trained: list[TrainedTokens]) -> None:
+        """Record what a step made of its samples (deleted with the samples by retention)."""
+        if trained:
+            await self.redis.hset(self.key("trained"), mapping={t.sample_ref: t.encode() for t in trained})
+
+    async def trained(self, refs: Iterable[str]) -> dict[str, TrainedTokens]:
+        """The trained record of each sample ref that has one (samples not trained yet, or dropped, have none)."""
+        refs = list(refs)
+        if not refs:
+            return {}
+        blobs = await self.redis.hmget(self.key("trained"), refs)
+        return {ref: TrainedTokens.decode(blob) for ref, blob in zip(refs, blobs) if blob is not None}
+
     # Groups ------------------------------------------------------------------------------------
     async def add_group(self, record: GroupRecord) -> str:
         record.created_at = record.created_at or time.time()
@@ -252,6 +272,7 @@ class Store:
         pipe.xdel(self.key("groups"), *groups)
         if samples:
             pipe.xdel(self.key("samples"), *samples)
+            pipe.hdel(self.key("trained"), *samples)
         await pipe.execute()
 
     async def unconsumed_groups(self, group: str = TRAINER_GROUP) -> int:

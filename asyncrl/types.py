@@ -167,3 +167,43 @@ class TrainingGroup:
     stream_id: str
     record: GroupRecord
     samples: list[Sample]
+
+
+@dataclass
+class TrainedTokens:
+    """What the trainer made of one sample (the `trained` hash, keyed by the sample's stream id): the
+    trainer's own log-prob of every token, taken at the step's forward before its update (the log-prob the
+    importance ratio uses), and which loss tokens the trust band kept. Arrays are aligned with the sample's
+    `tokens`, like its rollout_logprobs: index i is token i given tokens < i (0 / 0 where not a loss token).
+    Dashboards put it side by side with the rollout's log-probs (docs/store.md)."""
+
+    sample_ref: str
+    step: int
+    """The optimizer step that trained the sample."""
+    weight_version: int
+    """The trainer's weight version during that step (the weights these log-probs come from)."""
+    trainer_logprobs: np.ndarray
+    kept: np.ndarray
+    """uint8: 1 on loss tokens inside the trust band (they carried gradient), 0 elsewhere."""
+
+    def __post_init__(self) -> None:
+        self.trainer_logprobs = np.ascontiguousarray(self.trainer_logprobs, dtype="<f4")
+        self.kept = np.ascontiguousarray(self.kept, dtype="u1")
+        if len(self.kept) != len(self.trainer_logprobs):
+            raise ValueError(f"TrainedTokens {self.sample_ref}: kept has {len(self.kept)} entries, "
+                             f"trainer_logprobs {len(self.trainer_logprobs)}")
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"v": SCHEMA_VERSION, "sample_ref": self.sample_ref, "step": self.step,
+                              "weight_version": self.weight_version,
+                              "trainer_logprobs": self.trainer_logprobs.tobytes(), "kept": self.kept.tobytes()},
+                             use_bin_type=True)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> "TrainedTokens":
+        payload = msgpack.unpackb(blob, raw=False)
+        if payload.pop("v", None) != SCHEMA_VERSION:
+            raise ValueError("TrainedTokens of another schema version")
+        payload["trainer_logprobs"] = np.frombuffer(payload["trainer_logprobs"], dtype="<f4")
+        payload["kept"] = np.frombuffer(payload["kept"], dtype="u1")
+        return cls(**payload)
