@@ -11,9 +11,11 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import redis
 
@@ -138,3 +140,23 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def has_redis_data(data_dir: Optional[Path]) -> bool:
+    """Whether `data_dir` (a run dir's `redis/`) holds Redis data (an AOF) that `replay_copy` can serve."""
+    return data_dir is not None and Path(data_dir).is_dir() and any(Path(data_dir).glob("appendonly*"))
+
+
+@contextmanager
+def replay_copy(data_dir: Path, timeout_s: float = 120.0) -> Iterator[EmbeddedRedis]:
+    """A private redis-server on a copy of the Redis data (AOF) in `data_dir`: a finished run's keys, read
+    (`asyncrl watch`'s summary, `asyncrl dashboard`) without touching the run's own files. Stopped, and the
+    copy deleted, on exit."""
+    with tempfile.TemporaryDirectory(prefix="asyncrl-replay-") as tmp:
+        for path in Path(data_dir).glob("appendonly*"):
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, Path(tmp) / path.name)
+        server = EmbeddedRedis(tmp, appendfsync="no").start(timeout_s)
+        try:
+            yield server
+        finally:
+            server.stop()

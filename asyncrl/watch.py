@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -38,6 +37,7 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from asyncrl.redis_server import has_redis_data, replay_copy
 from asyncrl.run_metrics import envs_of
 from asyncrl.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
 from asyncrl.store import Store
@@ -65,6 +65,10 @@ class RunView:
     trainer_times: list[float] = field(default_factory=list)
     """Stream time of every trainer record (one per step)."""
     rewards: list[float] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
+    """Every trainer record, in stream order, each with its stream time as `at` (the dashboard's curves)."""
+    rollout_rate: list[tuple[float, float]] = field(default_factory=list)
+    """(stream time, episodes_per_s) of every orchestrator record."""
     orchestrator: dict[str, float] = field(default_factory=dict)
     orchestrator_at: float = 0.0
     first_record_at: Optional[float] = None
@@ -83,12 +87,15 @@ class RunView:
                 self.trainer = values
                 self.trainer_times.append(at)
                 self.rewards.append(values.get("reward_mean", 0.0))
+                self.history.append({**values, "at": at})
             elif source == "orchestrator":
                 # One shape per source: each record is the whole status. (Runs before issue 16 wrote two
                 # shapes under this source, one without the env table: those are merged, not replaced.)
                 has_envs = any(k.startswith("env/") for k in values)
                 self.orchestrator = values if has_envs else {**self.orchestrator, **values}
                 self.orchestrator_at = at
+                if "episodes_per_s" in values:
+                    self.rollout_rate.append((at, values["episodes_per_s"]))
 
     @property
     def step(self) -> int:
@@ -397,7 +404,7 @@ async def watch(target: Target, interval_s: float, once: bool, console: Optional
             summary_file = await _await_summary(target)
             fallback = Summary.of_view(view, run, "the run's metrics stream as last read", target.run_dir)
             data_dir = target.run_dir / "redis" if target.run_dir is not None else None
-            if summary_file is None and data_dir is not None and any(data_dir.glob("appendonly*")):
+            if summary_file is None and has_redis_data(data_dir):
                 fallback = await replay(data_dir, run, target.run_dir) or fallback
         else:
             summary_file = target.summary_file(current_only=True)
@@ -451,7 +458,7 @@ async def finished_without_redis(target: Target, console: Console) -> int:
     current = target.summary_file(current_only=True)
     summary = Summary.of_file(current, name, path) if current is not None else None
     data_dir = target.run_dir / "redis" if target.run_dir else None
-    if summary is None and data_dir is not None and any(data_dir.glob("appendonly*")):
+    if summary is None and has_redis_data(data_dir):
         summary = await replay(data_dir, target.run, target.run_dir)
     older = target.summary_file() if summary is None else None
     if older is not None:
@@ -467,13 +474,8 @@ async def finished_without_redis(target: Target, console: Console) -> int:
 
 async def replay(data_dir: Path, wanted: Optional[str], run_dir: Path) -> Optional[Summary]:
     """Start a private redis-server on a copy of the run's Redis data (AOF) and read the run's summary from it."""
-    from asyncrl.redis_server import EmbeddedRedis
-
-    with tempfile.TemporaryDirectory(prefix="asyncrl-watch-") as tmp:
-        for path in data_dir.glob("appendonly*"):
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, Path(tmp) / path.name)
-        server = EmbeddedRedis(tmp, appendfsync="no")
-        await asyncio.to_thread(server.start, 120.0)
+    with ExitStack() as stack:
+        server = await asyncio.to_thread(stack.enter_context, replay_copy(data_dir))
         store = Store.connect(server.url, "", command_timeout_s=60)
         try:
             try:
@@ -484,7 +486,7 @@ async def replay(data_dir: Path, wanted: Optional[str], run_dir: Path) -> Option
             return Summary.of_view(view, run, f"the run's Redis data in {data_dir} (replayed)", run_dir)
         finally:
             await store.close()
-            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(stack.close)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
