@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
     "gateway serve": ("gateway.server:main", "serve the TITO gateway (sessions, OpenAI chat, token-native)"),
     "watch": ("asyncrl.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
+    "dashboard": ("asyncrl.dashboard.server:main", "web dashboard of a run: curves, services, trajectory browser "
+                  "(--run-dir runs/NAME)"),
     "orchestrator serve": ("orchestrator.server:main", "serve the orchestrator (env registry, scheduler, retries)"),
     "env register": ("orchestrator.cli:register", "register an env service with the orchestrator (it probes /health)"),
     "env list": ("orchestrator.cli:list_envs", "list the env services an orchestrator knows"),

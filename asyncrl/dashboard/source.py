@@ -1,0 +1,142 @@
+"""Where the dashboard reads a run: its Redis while it runs, a replay of its Redis data once it has ended.
+
+The run is found as `asyncrl watch` finds it (asyncrl/watch.py `resolve`, `find_run`: <run_dir>/redis.url,
+the run dir's name or the one run in that Redis), and its `metrics` stream and `services` hash are folded
+by the same RunView. When the run's Redis stops answering (the run ended, its embedded Redis with it) and
+the run dir keeps its Redis data, a private redis-server is started on a copy of that data
+(asyncrl/redis_server.py `replay_copy`) and the dashboard goes on from there, read-only as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Optional
+
+from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
+
+from asyncrl.redis_server import has_redis_data, replay_copy
+from asyncrl.store import Store
+from asyncrl.watch import NotStarted, RunView, Target, find_run, refresh
+
+log = logging.getLogger("asyncrl.dashboard")
+
+COMMAND_TIMEOUT_S = 10.0
+REFRESH_MIN_S = 1.0
+"""Requests within this long of the last read of the stream share it (several tabs, several panels)."""
+
+
+class RunSource:
+    """The run's Store and its folded RunView, refreshed on demand (at most every REFRESH_MIN_S).
+
+    `state`: `waiting` (nothing of the run in its Redis yet), `live`, `replayed` (a finished run, from a
+    copy of its Redis data) or `unreachable` (no Redis, no data to replay; `error` says why)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.store: Optional[Store] = None
+        self.run: Optional[str] = target.run
+        self.view = RunView()
+        self.state = "waiting"
+        self.error: Optional[str] = None
+        self._refreshed_at = 0.0
+        self._lock = asyncio.Lock()
+        self._replay = ExitStack()
+
+    @property
+    def data_dir(self) -> Optional[Path]:
+        return self.target.run_dir / "redis" if self.target.run_dir is not None else None
+
+    async def refresh(self, force: bool = False) -> RunView:
+        async with self._lock:
+            if force or time.monotonic() - self._refreshed_at >= REFRESH_MIN_S:
+                await self._refresh()
+                self._refreshed_at = time.monotonic()
+        return self.view
+
+    async def _refresh(self) -> None:
+        try:
+            if self.store is None:
+                await self._connect()
+            if self.store is None:
+                return
+            if self.run is None:
+                self.store.run = self.run = await find_run(self.store, self.target.run, self.target.run_dir)
+            await refresh(self.store, self.view)
+            self.state = "replayed" if self.state == "replayed" else "live"
+            self.error = None
+        except NotStarted:
+            self.state, self.error = "waiting", None
+        except RedisConnectionError as err:
+            await self._lost(err)
+        except RedisError as err:  # a stalled server: keep what was read, say so
+            self.error = f"the run's Redis failed: {err}"
+
+    async def _connect(self) -> None:
+        url = self.target.redis_url
+        if url is None:
+            return await self._start_replay("the run dir names no Redis")
+        store = Store.connect(url, self.run or "", command_timeout_s=COMMAND_TIMEOUT_S)
+        try:
+            await store.redis.ping()
+        except RedisError as err:
+            await store.close()
+            return await self._lost(err)
+        self.store = store
+
+    async def _lost(self, err: BaseException) -> None:
+        """The live Redis is gone: replay the run dir's data if it has some, else report it."""
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+        if self.state == "replayed" or not has_redis_data(self.data_dir):
+            self.state = "unreachable"
+            self.error = f"cannot reach the run's Redis at {self.target.redis_url} ({err})"
+            return
+        await self._start_replay(f"its Redis at {self.target.redis_url} is gone")
+
+    async def _start_replay(self, why: str) -> None:
+        if not has_redis_data(self.data_dir):
+            self.state, self.error = "unreachable", f"{why} and {self.data_dir} holds no Redis data"
+            return
+        log.info("%s: replaying the run's Redis data in %s", why, self.data_dir)
+        server = await asyncio.to_thread(self._replay.enter_context, replay_copy(self.data_dir))
+        self.store = Store.connect(server.url, self.run or "", command_timeout_s=60)
+        self.state, self.error = "replayed", None
+        self.view = RunView()  # read the whole stream again from the copy
+        if self.run is None:
+            self.store.run = self.run = await find_run(self.store, self.target.run, self.target.run_dir)
+        await refresh(self.store, self.view)
+
+    async def live_store(self) -> Optional[Store]:
+        """The store, once the run is found (None while waiting or unreachable)."""
+        await self.refresh()
+        return self.store if self.run is not None and self.state in ("live", "replayed") else None
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+        await asyncio.to_thread(self._replay.close)
+
+    def overview(self) -> dict[str, Any]:
+        v = self.view
+        return {
+            "run": self.run or (self.target.run_dir.name if self.target.run_dir else None), "state": self.state,
+            "error": self.error, "mode": v.mode, "step": v.step, "total_steps": v.total_steps,
+            "finished": v.finished, "elapsed_s": v.elapsed_s(), "eta_s": None if v.finished else v.eta_s(),
+            "weights": v.weights, "pause_reasons": v.pause_reasons(), "services": v.services,
+            "trainer": v.trainer, "rollout": {k: val for k, val in v.orchestrator.items() if "/" not in k},
+            "run_dir": str(self.target.run_dir) if self.target.run_dir else None,
+        }
+
+    def curves(self, after: int) -> dict[str, Any]:
+        """Trainer records from index `after` of the run's history (the page asks for what it lacks)."""
+        v = self.view
+        reset = after > len(v.history)  # the history was read again (a replay began): send it all
+        start = v.started_at or (v.history[0]["at"] if v.history else 0.0)
+        return {"trainer": v.history[0 if reset else after:], "next": len(v.history), "reset": reset,
+                "started_at": start,
+                "rollout_rate": [[at - start, rate] for at, rate in v.rollout_rate[-2000:]]}
