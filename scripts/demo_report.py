@@ -40,12 +40,12 @@ def read_run(run_dir: Path) -> list[dict[str, float]]:
 
 
 def staleness_histogram(records: list[dict[str, float]]) -> dict[int, float]:
-    """versions old -> trained samples, summed over the steps' staleness_count_{k}."""
+    """versions old -> trained samples, summed over the steps' off_policy/staleness/{k}."""
     counts: dict[int, float] = {}
     for record in records:
         for key, n in record.items():
-            if key.startswith("staleness_count_"):
-                k = int(key.rsplit("_", 1)[1])
+            if key.startswith("off_policy/staleness/"):
+                k = int(key.rsplit("/", 1)[1])
                 counts[k] = counts.get(k, 0.0) + n
     return dict(sorted(counts.items()))
 

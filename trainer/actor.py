@@ -32,7 +32,9 @@ from trainer.backends.base import StepResult, TrainerBackend, make_backend
 from trainer.checkpoint import CheckpointManager
 from trainer.data import GroupLoader, StepBatch
 from trainer.loop import rl_step, train
+from trainer.losses import build_loss
 from trainer.metrics import TrainerMetrics, serve_metrics
+from trainer.off_policy import trained_records
 from trainer.weight_push import PushReport, WeightSync
 
 log = logging.getLogger("trainer")
@@ -67,6 +69,7 @@ class Trainer:
         self.uncommitted: list[StepBatch] = []
         """Trained batches whose groups wait for the next checkpoint to be acknowledged."""
         self.stopping = asyncio.Event()
+        self.band = build_loss(cfg.loss).band
         self._synced = False
         self.prometheus = TrainerMetrics(lambda: self.state.step, lambda: self.state.weight_version)
         """Updated after every step (trainer/loop.py); served at `metrics_url`/metrics."""
@@ -123,6 +126,8 @@ class Trainer:
         result = await asyncio.to_thread(self.backend.train_step, batch.micro_batches,
                                          batch.normalizer(self.cfg.loss.aggregation))
         self.uncommitted.append(batch)
+        await self.store.add_trained(trained_records(batch, result.samples, self.band, self.state.step + 1,
+                                                     self.state.weight_version))
         return result
 
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:

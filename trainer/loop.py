@@ -24,6 +24,8 @@ from asyncrl.config import TrainerConfig
 from trainer.backends.base import StepResult
 from trainer.checkpoint import TrainerState
 from trainer.data import StepBatch
+from trainer.losses import TrustBand
+from trainer.off_policy import step_health
 from trainer.packing import replayed_fraction
 from trainer.weight_push import PushReport
 
@@ -34,6 +36,8 @@ class LoopTrainer(Protocol):
     cfg: TrainerConfig
     state: TrainerState
     stopping: asyncio.Event
+    band: Optional[TrustBand]
+    """The loss's trust band (PolicyLoss.band): the health metrics classify tokens by it."""
 
     async def sync_engines(self) -> None: ...
 
@@ -83,15 +87,15 @@ async def rl_step(t: LoopTrainer, final: bool = False) -> Optional[dict[str, flo
         await t.checkpoint_and_commit()                            # durable, then XACK
         checkpoint_s = time.perf_counter() - checkpoint_started
     metrics = step_metrics(batch, result, push, state.step, state.weight_version, waited, trained,
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, t.band)
     metrics["checkpoint_s"] = checkpoint_s
     await t.report(metrics)
     return metrics
 
 
 def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport], step: int, weight_version: int,
-                 wait_s: float, train_s: float, step_s: float) -> dict[str, float]:
-    """The `trainer` record of the metrics stream for one step."""
+                 wait_s: float, train_s: float, step_s: float, band: Optional[TrustBand] = None) -> dict[str, float]:
+    """The `trainer` record of the metrics stream for one step (its off-policy health: trainer/off_policy.py)."""
     samples = {s.sample_id: s for g in batch.groups for s in g.samples}
     trained = [samples[sid] for mb in batch.micro_batches for sid in mb.sample_ids]
     staleness = [batch.weight_version - s.first_weight_version for s in trained if s.first_weight_version >= 0]
@@ -103,8 +107,7 @@ def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport
         "staleness_max": float(max(staleness, default=0)), "fill_ratio": batch.fill_ratio,
         "routing_replayed": replayed_fraction(batch.micro_batches),
         "wait_s": wait_s, "train_s": train_s, "step_s": step_s,
-        **batch.stats.metrics(), **result.metrics,
-        **{f"staleness_count_{k}": n for k, n in zip(*np.unique(staleness, return_counts=True))},
+        **batch.stats.metrics(), **result.metrics, **step_health(batch, result.samples, band, step_s),
     }
     if push is not None:
         metrics |= {"push_s": push.total_s, "push_paused_s": push.pause_s + push.update_s + push.resume_s,

@@ -116,6 +116,26 @@ def aggregate(per_token: Tensor, loss_mask: Tensor, aggregation: str = "token",
 
 
 # Losses ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrustBand:
+    """The interval of the tested ratio (pi_trainer / pi_rollout at the step's forward) a loss token must lie
+    in to carry gradient; the IS loss's is open, IcePop's closed. The losses mask with it, and the
+    trainer's health metrics and trained records (trainer/off_policy.py) classify tokens with the same one."""
+
+    low: float
+    high: float
+    closed: bool = False
+
+    def kept(self, ratio: Tensor) -> Tensor:
+        if self.closed:
+            return (ratio >= self.low) & (ratio <= self.high)
+        return (ratio > self.low) & (ratio < self.high)
+
+    def below(self, ratio: Tensor) -> Tensor:
+        """Masked for being too small (the trainer's policy gives the token much less mass than the rollout's)."""
+        return ratio < self.low if self.closed else ratio <= self.low
+
+
 def _log_ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
     return (numerator.detach() - denominator.detach()).clamp(-_MAX_ABS_LOG_RATIO, _MAX_ABS_LOG_RATIO)
 
@@ -152,7 +172,7 @@ def direct_double_sided_is_loss(
     kept token: -r * A / N. Masked and non-loss tokens get exactly zero gradient.
     """
     ratio = _log_ratio(logprobs, rollout_logprobs).exp()
-    kept = loss_mask.bool() & (ratio > 1 - eps_low) & (ratio < 1 + eps_high)
+    kept = loss_mask.bool() & TrustBand(1 - eps_low, 1 + eps_high).kept(ratio)
     per_token = torch.where(kept, -(ratio * advantages) * logprobs, torch.zeros_like(logprobs))
     loss = aggregate(per_token, loss_mask, aggregation, cu_seqlens, normalizer)
     no_clip = torch.zeros_like(kept)
@@ -171,7 +191,7 @@ def icepop_ppo_loss(
     Gradient per kept, unclipped token: -rho * r * A / N; clipped and masked tokens: exactly zero.
     """
     rho = _log_ratio(old_logprobs, rollout_logprobs).exp()
-    kept = loss_mask.bool() & (rho >= 1 / beta) & (rho <= beta)
+    kept = loss_mask.bool() & TrustBand(1 / beta, beta, closed=True).kept(rho)
     log_ratio = torch.where(kept, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = log_ratio.exp()  # masked tokens: exp(0), so an overflowing ratio there cannot make a NaN gradient
     unclipped = ratio * advantages
@@ -207,6 +227,9 @@ class PolicyLoss(ABC):
 
     needs_old_logprobs: bool = False
     """True when the backend must compute log pi_train_old (a no-grad forward before the update)."""
+    band: Optional[TrustBand] = None
+    """The band on pi_trainer / pi_rollout (both at the step's forward) outside which a token is masked;
+    None: the loss masks no token by it."""
 
     def __init__(self, config: LossConfig) -> None:
         if config.aggregation not in AGGREGATIONS:
@@ -222,6 +245,10 @@ class PolicyLoss(ABC):
 
 
 class DirectDoubleSidedIS(PolicyLoss):
+    def __init__(self, config: LossConfig) -> None:
+        super().__init__(config)
+        self.band = TrustBand(1 - config.eps_low, 1 + config.eps_high)
+
     def __call__(self, inputs: LossInputs) -> tuple[Tensor, LossMetrics]:
         return direct_double_sided_is_loss(inputs.logprobs, inputs.rollout_logprobs, inputs.advantages,
                                            inputs.loss_mask, self.config.eps_low, self.config.eps_high,
@@ -230,6 +257,10 @@ class DirectDoubleSidedIS(PolicyLoss):
 
 class IcePopPPO(PolicyLoss):
     needs_old_logprobs = True
+
+    def __init__(self, config: LossConfig) -> None:
+        super().__init__(config)
+        self.band = TrustBand(1 / config.icepop_beta, config.icepop_beta, closed=True)
 
     def __call__(self, inputs: LossInputs) -> tuple[Tensor, LossMetrics]:
         if inputs.old_logprobs is None:

@@ -26,7 +26,9 @@ optimizer, weight push, checkpoint and acknowledgement, and the whole step."""
 LAST_STEP = {"loss": "loss", "reward_mean": "reward_mean", "grad_norm": "grad_norm",
              "tokens_per_s": "tokens_per_second", "staleness_mean": "staleness_mean",
              "staleness_max": "staleness_max", "masked_fraction": "masked_fraction", "entropy": "entropy",
-             "mismatch_kl": "mismatch_kl"}
+             "mismatch_kl": "mismatch_kl", "off_policy/max_abs_log_ratio": "max_abs_log_ratio",
+             "off_policy/masked_low_fraction": "masked_low_fraction",
+             "off_policy/masked_high_fraction": "masked_high_fraction", "off_policy/ess_fraction": "ess_fraction"}
 """Step-record key -> gauge name (after the prefix): the value of the last step."""
 
 

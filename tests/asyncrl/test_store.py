@@ -11,7 +11,7 @@ import redis.exceptions
 
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import RECORDED_TTL_S, Store
-from asyncrl.types import GroupRecord, Sample
+from asyncrl.types import GroupRecord, Sample, TrainedTokens
 from tests.redis_faults import ReplyCuttingProxy
 
 
@@ -76,6 +76,27 @@ async def test_write_read_ack_trim(redis_server, run_name):
     assert await store.redis.xlen(store.key("groups")) == 1
     assert await store.redis.xlen(store.key("samples")) == 2
     assert await store.read_groups("c0", count=10, block_ms=10) == []
+    await store.close()
+
+
+async def test_trained_records_roundtrip_page_with_the_samples_and_go_with_them(redis_server, run_name):
+    store = Store.connect(redis_server.url, run_name, retention_groups=1)
+    for gid in ("g0", "g1"):
+        await add_group(store, gid)
+    listed = await store.list_samples(count=3)
+    assert [s.sample_id for _, s in listed] == ["s1", "s0", "s1"]  # newest first
+    older = await store.list_samples(before=listed[-1][0], count=10)
+    assert [s.sample_id for _, s in older] == ["s0"]
+    got = await store.read_groups("c0", count=10)
+    records = [TrainedTokens(ref, 1, 0, np.arange(12, dtype=np.float32) * -0.1, (np.arange(12) >= 6).astype(np.uint8))
+               for g in got for ref in g.record.sample_refs]
+    await store.add_trained(records)
+    back = await store.trained([records[0].sample_ref, "9-9"])
+    assert list(back) == [records[0].sample_ref]  # an untrained ref has no record
+    np.testing.assert_array_equal(back[records[0].sample_ref].trainer_logprobs, records[0].trainer_logprobs)
+    assert back[records[0].sample_ref].kept.tolist() == records[0].kept.tolist()
+    await store.ack_groups(got)  # retention 1: g0's samples are deleted, and their trained records with them
+    assert set(await store.trained(r.sample_ref for r in records)) == {r.sample_ref for r in records[2:]}
     await store.close()
 
 

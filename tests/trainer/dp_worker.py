@@ -3,7 +3,6 @@ runs step / reset / step on the saved micro-batches and writes its results; the 
 
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,7 +25,9 @@ def main(workdir: Path) -> None:
     torch.save({k: v.detach().clone() for k, v in backend.model.state_dict().items()}, workdir / "weights.pt")
     torch.save({k: p.grad.clone() for k, p in backend.model.named_parameters() if p.grad is not None},
                workdir / "grads.pt")
-    (workdir / "result.json").write_text(json.dumps({"steps": [asdict(r) for r in results]}))
+    steps = [{"loss": r.loss, "grad_norm": r.grad_norm, "num_tokens": r.num_tokens,
+              "samples": {sid: t.logprobs.tolist() for sid, t in r.samples.items()}} for r in results]
+    (workdir / "result.json").write_text(json.dumps({"steps": steps}))
     backend.close()
 
 

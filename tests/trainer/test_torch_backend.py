@@ -206,6 +206,9 @@ def test_two_ranks_step_equals_one_rank(tiny_section, groups, tmp_path):
         assert theirs["loss"] == pytest.approx(ours.loss, rel=1e-5)
         assert theirs["grad_norm"] == pytest.approx(ours.grad_norm, rel=1e-5)
         assert theirs["num_tokens"] == ours.num_tokens
+        assert theirs["samples"].keys() == ours.samples.keys()  # every rank's samples reach the leader
+        for sid, tokens in ours.samples.items():
+            np.testing.assert_allclose(theirs["samples"][sid], tokens.logprobs, atol=1e-6)
     assert_same(grads(single), torch.load(tmp_path / "grads.pt"), atol=1e-7)
     # Adam divides by |g|: float-order noise on near-zero gradients moves weights by << lr
     assert_same(weights(single), torch.load(tmp_path / "weights.pt"), atol=1e-4)

@@ -16,7 +16,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
+import numpy as np
 import torch
 
 from asyncrl.config import ModelSection, TrainerConfig
@@ -27,6 +29,26 @@ from trainer.packing import MicroBatch
 
 
 @dataclass
+class SampleTokens:
+    """One trained sample's per-position values from the step's forward (before its update), aligned with
+    the micro-batch's targets: position j is the sample's token j + 1 given the tokens before it."""
+
+    logprobs: np.ndarray
+    """float32 [n - 1]: the trainer's log-prob of each target, at the temperature it was sampled at."""
+    entropy: Optional[np.ndarray] = None
+    """float32 [n - 1]: entropy of the trainer's next-token distribution; None when not computed."""
+
+
+def sample_tokens(mb: MicroBatch, logprobs: torch.Tensor, entropy: Optional[torch.Tensor]) -> dict[str, SampleTokens]:
+    """A micro-batch's [T] forward outputs split into its samples (by cu_seqlens): sample id -> SampleTokens."""
+    bounds = mb.cu_seqlens.tolist()
+    lp = logprobs.detach().float().cpu().numpy()
+    ent = None if entropy is None else entropy.detach().float().cpu().numpy()
+    return {sid: SampleTokens(lp[a:b].copy(), None if ent is None else ent[a:b].copy())
+            for sid, a, b in zip(mb.sample_ids, bounds[:-1], bounds[1:])}
+
+
+@dataclass
 class StepResult:
     loss: float
     grad_norm: float
@@ -34,6 +56,9 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
     """Loss metrics of the whole step (LossMetrics.summary(): masked fraction, mean ratio, mismatch KL,
     entropy, ...) plus backend extras (e.g. indexer_kl)."""
+    samples: dict[str, SampleTokens] = field(default_factory=dict)
+    """Every trained sample's log-probs (and entropies) from the step's forward, gathered from all ranks:
+    the trainer's off-policy health metrics and trained records come from them (trainer/off_policy.py)."""
 
 
 class TrainerBackend(ABC):

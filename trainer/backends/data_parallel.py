@@ -82,6 +82,14 @@ class DataParallel:
             for g, reduced in zip(bucket, flat.split([g.numel() for g in bucket])):
                 g.copy_(reduced.view_as(g))
 
+    def merge_on_leader(self, parts: dict) -> dict:
+        """Every rank's dict merged on the leader (other ranks get theirs back): per-sample outputs of a step."""
+        if self.world_size == 1:
+            return parts
+        gathered: list[Any] = [None] * self.world_size if self.is_leader else None
+        dist.gather_object(parts, gathered, dst=0)
+        return {k: v for part in gathered for k, v in part.items()} if self.is_leader else parts
+
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Start every replica from the leader's weights."""
         if self.world_size > 1:

@@ -24,7 +24,7 @@ from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.io import (checkpoint_tensors, dtype_from_name, load_pretrained, load_weights, read_tensors,
                               save_pretrained)
 from asyncrl.model.model import Glm5ForCausalLM
-from trainer.backends.base import StepResult, TrainerBackend
+from trainer.backends.base import SampleTokens, StepResult, TrainerBackend, sample_tokens
 from trainer.backends.data_parallel import DataParallel
 from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
@@ -109,9 +109,11 @@ class TorchBackend(TrainerBackend):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = torch.zeros(6 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
+        samples: dict[str, SampleTokens] = {}
         for mb in self.dp.scatter(micro_batches):
-            totals += self._forward_backward(mb.to(self.device), normalizer, step_tokens, mtp_tokens)
+            totals += self._forward_backward(mb.to(self.device), normalizer, step_tokens, mtp_tokens, samples)
         totals = self.dp.sum(totals)
+        samples = self.dp.merge_on_leader(samples)
         self.dp.sum_gradients(self.trainable)
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, clip)  # the MTP layer's apart: see
@@ -119,10 +121,14 @@ class TorchBackend(TrainerBackend):
         finite = bool(torch.isfinite(grad_norm))
         if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip the update
             self.optimizer.step()
-        return self._result(totals, float(grad_norm), skipped=not finite, mtp_grad_norm=mtp_grad_norm)
+        result = self._result(totals, float(grad_norm), skipped=not finite, mtp_grad_norm=mtp_grad_norm)
+        result.samples = samples
+        return result
 
-    def _forward_backward(self, mb: MicroBatch, normalizer: int, step_tokens: int, mtp_tokens: int) -> Tensor:
-        """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
+    def _forward_backward(self, mb: MicroBatch, normalizer: int, step_tokens: int, mtp_tokens: int,
+                          samples: dict[str, SampleTokens]) -> Tensor:
+        """One micro-batch: backward its share of the step loss, its samples' forward values into `samples`;
+        -> its totals vector (no grad)."""
         train_indexer = not self.cfg.freeze_indexer
         options = {"attention_impl": self._attention_impl(mb)}
         with self._autocast():
@@ -141,6 +147,7 @@ class TorchBackend(TrainerBackend):
         if mtp is not None and mtp.count:
             total = total + self.cfg.mtp_loss_coef * mtp.loss_sum / mtp_tokens
         total.backward()
+        samples.update(sample_tokens(mb, out.logprobs, out.entropy))
         mtp_values = (mtp.loss_sum.detach(), mtp.correct.to(zero), zero + mtp.count) if mtp else (zero, zero, zero)
         return torch.stack([loss.detach(), indexer_kl.detach(), loss.new_tensor(float(mb.num_tokens)), *mtp_values,
                             *(getattr(metrics, name) for name in METRIC_FIELDS)]).double()

@@ -31,7 +31,7 @@ from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import FP32_TENSORS, dtype_from_name, read_tensors
 from asyncrl.model.model import Glm5ForCausalLM
 from trainer.backends.megatron import cpu_shims
-from trainer.backends.base import StepResult, TrainerBackend
+from trainer.backends.base import SampleTokens, StepResult, TrainerBackend, sample_tokens
 from trainer.backends.data_parallel import shard_by_tokens
 from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
@@ -125,18 +125,22 @@ class MegatronBackend(TrainerBackend):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         totals = torch.zeros(2 + len(METRIC_FIELDS), dtype=torch.float64, device=self.device)
+        samples: dict[str, SampleTokens] = {}
         for mb, weight in self._data_parallel_share(micro_batches):
-            totals += self._forward_backward(mb, normalizer, weight)
+            totals += self._forward_backward(mb, normalizer, weight, samples if weight else {})
         finalize_model_grads([self.model])
         if ps.get_data_parallel_world_size() > 1:
             dist.all_reduce(totals, group=ps.get_data_parallel_group())
+            samples = _merge_over(ps.get_data_parallel_group(), samples)
         with cpu_shims.cuda_on_cpu():
             self.optimizer.prepare_grads()
             grad_norm = float(self.optimizer.get_grad_norm())
             finite = math.isfinite(grad_norm)
             if finite:  # a NaN/inf gradient would poison the weights and the Adam moments: skip
                 self.optimizer.step()  # clips to trainer.grad_clip, then steps (dense and expert groups)
-        return _result(totals, grad_norm, skipped=not finite)
+        result = _result(totals, grad_norm, skipped=not finite)
+        result.samples = samples
+        return result
 
     def _data_parallel_share(self, micro_batches: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
         """This DP rank's micro-batches (token-balanced), as (micro-batch, loss weight). Expert
@@ -150,8 +154,10 @@ class MegatronBackend(TrainerBackend):
             mine += [(micro_batches[0], 0.0)] * (max(len(s) for s in shares) - len(mine))
         return mine
 
-    def _forward_backward(self, mb: MicroBatch, normalizer: int, weight: float) -> Tensor:
-        """One micro-batch: backward its share of the step loss; -> its totals vector (no grad)."""
+    def _forward_backward(self, mb: MicroBatch, normalizer: int, weight: float,
+                          samples: dict[str, SampleTokens]) -> Tensor:
+        """One micro-batch: backward its share of the step loss, its samples' forward values into `samples`;
+        -> its totals vector (no grad)."""
         with self._replaying(mb) as (forward, routing):
             out = forward(True)
             mb = mb.to(self.device)
@@ -161,6 +167,7 @@ class MegatronBackend(TrainerBackend):
                                                     normalizer=normalizer))
             routing.backward_phase()  # activation recomputation routes as the forward did
             (loss * weight).backward()
+            samples.update(sample_tokens(mb, out.logprobs, out.entropy))
         values = [loss.detach(), loss.new_tensor(float(mb.num_tokens)), *(getattr(metrics, f) for f in METRIC_FIELDS)]
         return torch.stack([v.to(loss.dtype) for v in values]).double() * weight
 
@@ -303,6 +310,14 @@ def _wrap_ddp(module: torch.nn.Module):
                                                use_distributed_optimizer=False)
     with cpu_shims.cuda_on_cpu():
         return DistributedDataParallel(config=module.config, ddp_config=ddp_config, module=module)
+
+
+def _merge_over(group, parts: dict) -> dict:
+    """Every data-parallel rank's dict merged on the group's first rank (the leader's group: on the leader)."""
+    ranks = dist.get_process_group_ranks(group)
+    gathered = [None] * len(ranks) if dist.get_rank() == ranks[0] else None
+    dist.gather_object(parts, gathered, dst=ranks[0], group=group)
+    return {k: v for part in gathered for k, v in part.items()} if gathered else parts
 
 
 def _result(totals: Tensor, grad_norm: float, skipped: bool) -> StepResult:
