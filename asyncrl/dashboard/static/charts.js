@@ -15,6 +15,7 @@ function niceNumber(v) {
   if (v === null || v === undefined || !isFinite(v)) return "-";
   const a = Math.abs(v);
   if (a === 0) return "0";
+  if (Number.isInteger(v) && a < 1e4) return String(v);
   if (a >= 1e6) return (v / 1e6).toFixed(1) + "M";
   if (a >= 1e4) return (v / 1e3).toFixed(1) + "k";
   if (a >= 100) return v.toFixed(0);
@@ -22,12 +23,12 @@ function niceNumber(v) {
   return v.toPrecision(2);
 }
 
-function extent(values) {
+function extent(values, padded) {
   let lo = Infinity, hi = -Infinity;
   for (const v of values) { if (v < lo) lo = v; if (v > hi) hi = v; }
   if (lo === Infinity) return [0, 1];
   if (lo === hi) { const pad = Math.abs(lo) * 0.1 || 1; return [lo - pad, hi + pad]; }
-  const pad = (hi - lo) * 0.05;
+  const pad = padded === false ? 0 : (hi - lo) * 0.05;
   return [lo - pad, hi + pad];
 }
 
@@ -39,8 +40,9 @@ function drawChart(svg, series, opts) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const all = series.flatMap(s => s.points.filter(p => isFinite(p[1])));
   svg.dataset.points = String(series.length ? series[0].points.length : 0);
-  const [x0, x1] = extent(all.map(p => p[0]));
-  const [y0, y1] = opts.yZero ? extent([0, ...all.map(p => p[1])]) : extent(all.map(p => p[1]));
+  const [x0, x1] = extent(all.map(p => p[0]), false);
+  let [y0, y1] = opts.yZero ? extent([0, ...all.map(p => p[1])]) : extent(all.map(p => p[1]));
+  if (opts.yZero && all.every(p => p[1] >= 0)) y0 = 0;  // a non-negative quantity: its axis starts at 0
   const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
   const sy = y => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   for (let i = 0; i <= 4; i++) {
@@ -50,6 +52,7 @@ function drawChart(svg, series, opts) {
   }
   for (let i = 0; i <= 4; i++) {
     const x = x0 + (x1 - x0) * i / 4;
+    if (opts.xInteger && !Number.isInteger(x)) continue;
     svg.appendChild(svgEl("text", {x: sx(x), y: H - 8, class: "tick", "text-anchor": "middle"},
                           opts.xFormat ? opts.xFormat(x) : niceNumber(x)));
   }

@@ -65,20 +65,32 @@ function showOverview(o) {
 }
 
 // Curves --------------------------------------------------------------------------------------------
+// [svg id, id of the latest value, series [[keys (the first a record has), colour, label]], options]
 const CHARTS = [
-  ["chart-reward", "last-reward", [["reward_mean", "#2a7ab8"]]],
-  ["chart-length", "last-length", [["response_len_mean", "#7a52b3"]]],
-  ["chart-staleness", "last-staleness", [["staleness_mean", "#2a7ab8"], ["staleness_max", "#d0792c"]], {yZero: true}],
-  ["chart-masked", "last-masked", [["masked_fraction", "#c23b3b"]], {yZero: true}],
-  ["chart-throughput", "last-throughput", [["tokens_per_s", "#2f9a5b"]], {yZero: true}],
-  ["chart-kl", "last-kl", [["mismatch_kl", "#8a6d1f"]]],
-  ["chart-entropy", "last-entropy", [["entropy", "#4b6f88"]]],
-];
+  ["chart-reward", "last-reward", [[["reward_mean"], "#2a7ab8", "reward"]]],
+  ["chart-length", "last-length", [[["rollout/response_len_mean", "response_len_mean"], "#7a52b3", "generated"],
+                                   [["rollout/episode_len_mean"], "#9d8fbd", "all tokens"]]],
+  ["chart-staleness", "last-staleness", [[["staleness_mean"], "#2a7ab8", "mean"], [["staleness_max"], "#d0792c", "max"]],
+   {yZero: true}],
+  ["chart-masked", "last-masked", [[["masked_fraction"], "#c23b3b", "all"],
+                                   [["off_policy/masked_low_fraction"], "#d98585", "below"],
+                                   [["off_policy/masked_high_fraction"], "#8a1f1f", "above"]], {yZero: true}],
+  ["chart-throughput", "last-throughput", [[["tokens_per_s"], "#2f9a5b", "tokens/s"]], {yZero: true}],
+  ["chart-kl", "last-kl", [[["off_policy/mismatch_kl", "mismatch_kl"], "#8a6d1f", "KL"]], {yZero: true}],
+  ["chart-ess", "last-ess", [[["off_policy/ess_fraction"], "#4b6f88", "ESS"]]],
+  ["chart-entropy", "last-entropy", [[["off_policy/entropy", "entropy"], "#4b6f88", "entropy"]]],
+].map(([id, lastId, series, opts]) => [id, lastId, series, {xInteger: true, ...(opts || {})}]);
+
+function pickKey(keys) {
+  return keys.find(k => state.history.some(r => k in r)) || keys[0];
+}
 
 function drawCurves() {
   for (const [id, lastId, fields, opts] of CHARTS) {
-    const series = fields.map(([field, color]) => ({
-      name: field, color, points: state.history.filter(r => field in r).map(r => [r.step, r[field]])}));
+    const series = fields.map(([keys, color, label]) => {
+      const key = pickKey(keys);
+      return {name: label, color, points: state.history.filter(r => key in r).map(r => [r.step, r[key]])};
+    }).filter((s, i) => i === 0 || s.points.length);
     drawChart(document.getElementById(id), series, opts);
     const last = series[0].points[series[0].points.length - 1];
     document.getElementById(lastId).textContent = last ? niceNumber(last[1]) : "";

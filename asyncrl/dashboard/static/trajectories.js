@@ -16,7 +16,7 @@ const Trajectories = (() => {
   function row(s) {
     const tr = el("tr", {class: "sample-row", "data-ref": s.ref},
       el("td", {}, new Date(Number(s.ref.split("-")[0])).toLocaleTimeString()), el("td", {}, s.env),
-      el("td", {class: s.status === "failed" ? "bad" : ""}, [s.status, s.reason].filter(Boolean).join(": ")),
+      el("td", {class: s.status === "failed" ? "bad" : ""}, [s.status, s.reason !== s.status ? s.reason : ""].filter(Boolean).join(": ")),
       el("td", {}, fmt(s.reward, 3)), el("td", {}, fmt(s.num_turns)), el("td", {}, `${s.loss_tokens} / ${s.num_tokens}`),
       el("td", {}, s.trained_step === null ? "-" : `step ${s.trained_step}`),
       el("td", {}, s.weight_versions.length ? `v${s.weight_versions[0]}` + (s.weight_versions[1] !== s.weight_versions[0]
