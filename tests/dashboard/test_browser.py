@@ -9,8 +9,9 @@ minutes): the dashboard, started with the run's token in its environment as the 
 it, refuses a request without it, loads after logging in, its curves get new points as steps land
 (data-points of the reward chart grows between two steps), the engine and the env service show healthy,
 a recorded sample opens with its loss-mask sum shown as trained; after the run the same page reads the
-run's Redis data (replayed). Screenshots: test-artifacts/ (or $ASYNCRL_TEST_ARTIFACTS); docs/dashboard.png
-and docs/dashboard_trajectory.png are copies of the live run's."""
+run's Redis data (replayed); a sample the trainer trained shows its record's kept and band-masked tokens.
+Screenshots: test-artifacts/ (or $ASYNCRL_TEST_ARTIFACTS); docs/dashboard.png and docs/dashboard_trajectory.png
+are the live run's (see STEPS)."""
 
 from __future__ import annotations
 

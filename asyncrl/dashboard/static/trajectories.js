@@ -53,12 +53,27 @@ const Trajectories = (() => {
     return parts.join("\n");
   }
 
-  function tokenView(d) {
+  // Colour of a trained token by its rollout probability, or by |trainer - rollout| log-prob (the mode chosen).
+  function heat(t, i, mode) {
+    if (!t.loss_mask[i] || mode === "mask") return "";
+    if (mode === "rollout") {
+      const p = Math.exp(t.rollout_logprobs[i] ?? 0);
+      return `background: hsl(${Math.round(120 * p)}, 65%, 80%)`;
+    }
+    if (!t.trainer_logprobs) return "";
+    const d = Math.min(1, Math.abs((t.trainer_logprobs[i] ?? 0) - (t.rollout_logprobs[i] ?? 0)));
+    return `background: hsl(0, ${Math.round(20 + 60 * d)}%, ${Math.round(92 - 30 * d)}%)`;
+  }
+
+  function tokenView(d, mode) {
     const t = d.tokens, box = el("div", {class: "tokens", id: "tokens"});
     for (let i = 0; i < t.ids.length; i++) {
       let cls = t.loss_mask[i] ? "tok loss" : "tok ctx";
       if (t.loss_mask[i] && t.kept) cls += t.kept[i] ? " kept" : " band-masked";
-      box.append(el("span", {class: cls, "data-i": String(i), title: tokenTitle(t, i)}, t.text[i]));
+      const span = el("span", {class: cls, "data-i": String(i), title: tokenTitle(t, i)}, t.text[i]);
+      const style = heat(t, i, mode);
+      if (style) span.setAttribute("style", style);
+      box.append(span);
     }
     box.onclick = ev => {
       const i = ev.target.dataset && ev.target.dataset.i;
@@ -97,8 +112,19 @@ const Trajectories = (() => {
       el("h2", {}, `Sample ${d.sample_id}`, el("button", {class: "close", onclick: () => { window.location.hash = "samples"; }}, "close")),
       el("dl", {class: "facts"}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
       el("h3", {}, "Turns"), el("div", {class: "turns"}, ...d.turns.map(turnView)),
-      el("h3", {}, "Tokens"), legend, counts, tokenView(d),
+      el("h3", {}, "Tokens"), legend, colourBy(d), counts, tokenView(d, colourMode),
       el("pre", {id: "token-info", class: "token-info"}, "click a token for its log-probs"));
+  }
+
+  let colourMode = "mask";
+
+  function colourBy(d) {
+    const select = el("select", {id: "colour-by"},
+      el("option", {value: "mask"}, "loss mask and IS band"), el("option", {value: "rollout"}, "rollout probability"),
+      ...(d.tokens.trainer_logprobs ? [el("option", {value: "delta"}, "|trainer - rollout| log-prob")] : []));
+    select.value = colourMode;
+    select.onchange = () => { colourMode = select.value; document.getElementById("tokens").replaceWith(tokenView(d, colourMode)); };
+    return el("p", {}, "colour trained tokens by ", select);
   }
 
   async function open(ref) {
