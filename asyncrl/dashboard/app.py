@@ -163,7 +163,7 @@ def _sample_routes(app: FastAPI) -> None:
                       step: Optional[int] = Query(None, ge=0),
                       before: str = Query("+", pattern=STREAM_ID),
                       count: int = Query(50, ge=1, le=PAGE_MAX),
-                      scan: int = Query(2000, ge=1, le=SCAN_MAX)) -> dict[str, Any]:
+                      scan: int = Query(1000, ge=1, le=SCAN_MAX)) -> dict[str, Any]:
         store = await _store(request)
         wanted = SampleFilter(env or None, min_reward, max_reward, step, outcome or None)
         return await page(store, wanted, before, count, scan)

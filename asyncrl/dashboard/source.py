@@ -27,6 +27,8 @@ log = logging.getLogger("asyncrl.dashboard")
 COMMAND_TIMEOUT_S = 10.0
 PER_ENV = ("env/", "filter_failed/")
 """Trainer record keys the curves leave out (per env and per failure reason: the page draws the run's whole)."""
+LIVE_RECHECK_S = 30.0
+"""While replaying a finished run's data, how often the run's own Redis is asked whether it is back."""
 REFRESH_MIN_S = 1.0
 """Requests within this long of the last read of the stream share it (several tabs, several panels)."""
 
@@ -35,7 +37,8 @@ class RunSource:
     """The run's Store and its folded RunView, refreshed on demand (at most every REFRESH_MIN_S).
 
     `state`: `waiting` (nothing of the run in its Redis yet), `live`, `replayed` (a finished run, from a
-    copy of its Redis data) or `unreachable` (no Redis, no data to replay; `error` says why)."""
+    copy of its Redis data; back to `live` when the run's own Redis answers again, e.g. the run resumed)
+    or `unreachable` (no Redis, no data to replay; `error` says why)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -47,6 +50,7 @@ class RunSource:
         self._refreshed_at = 0.0
         self._lock = asyncio.Lock()
         self._replay = ExitStack()
+        self._live_checked_at = time.monotonic()
 
     @property
     def data_dir(self) -> Optional[Path]:
@@ -61,6 +65,8 @@ class RunSource:
 
     async def _refresh(self) -> None:
         try:
+            if self.state == "replayed" and time.monotonic() - self._live_checked_at >= LIVE_RECHECK_S:
+                await self._back_to_live()
             if self.store is None:
                 await self._connect()
             if self.store is None:
@@ -112,6 +118,25 @@ class RunSource:
         if self.run is None:
             self.store.run = self.run = await find_run(self.store, self.target.run, self.target.run_dir)
         await refresh(self.store, self.view)
+
+    async def _back_to_live(self) -> None:
+        """While replaying: the run's own Redis answers again (a resumed run, a Redis that was down a while):
+        read it instead of the copy."""
+        self._live_checked_at = time.monotonic()
+        if self.target.redis_url is None:
+            return
+        store = Store.connect(self.target.redis_url, self.run or "", command_timeout_s=COMMAND_TIMEOUT_S)
+        try:
+            await store.redis.ping()
+            if self.run is not None and not await store.redis.exists(store.key("metrics"), store.key("services")):
+                raise NotStarted()
+        except (RedisError, NotStarted):
+            await store.close()
+            return
+        log.info("the run's Redis at %s answers again: reading it instead of the replay", self.target.redis_url)
+        await self.store.close()
+        await asyncio.to_thread(self._replay.close)
+        self.store, self.state, self.view = store, "live", RunView()
 
     async def live_store(self) -> Optional[Store]:
         """The store, once the run is found (None while waiting or unreachable)."""

@@ -185,6 +185,31 @@ def test_a_finished_run_is_read_from_a_replay_of_its_redis_data(tmp_path, run_na
         assert c.get("/api/services").json()["live"] is False
 
 
+def test_a_replayed_run_whose_redis_comes_back_is_read_live_again(tmp_path, run_name, monkeypatch):
+    from asyncrl.dashboard import source
+
+    monkeypatch.setattr(source, "LIVE_RECHECK_S", 0.0)
+    monkeypatch.setattr(source, "REFRESH_MIN_S", 0.0)
+    run_dir = tmp_path / run_name
+    redis = EmbeddedRedis(run_dir / "redis", appendfsync="always").start()
+    (run_dir / "redis.url").write_text(redis.url)
+    run_sync(_write_run(redis.url, run_name, steps=2))
+    redis.stop()
+    with TestClient(build_app(Target(redis.url, None, run_dir))) as c:
+        assert c.get("/api/overview").json()["state"] == "replayed"
+        again = EmbeddedRedis(run_dir / "redis", port=redis.port, appendfsync="always").start()  # the run resumed
+        try:
+            async def step_3():
+                store = Store.connect(again.url, run_name)
+                await store.add_metrics("trainer", trainer_record(3))
+                await store.close()
+            run_sync(step_3())
+            o = c.get("/api/overview").json()
+            assert (o["state"], o["step"]) == ("live", 3)
+        finally:
+            again.stop()
+
+
 def test_the_command_serves_and_stops_cleanly_on_sigterm(tmp_path, run):
     url, name, _ = run
     proc = ServiceProcess("asyncrl.dashboard.server", ["--redis-url", url, "--run", name, "--auth-token", "t0k"],
