@@ -19,6 +19,7 @@ from typing import Any, Optional
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
 from asyncrl.redis_server import has_redis_data, replay_copy
+from asyncrl.run_metrics import envs_of
 from asyncrl.store import Store
 from asyncrl.watch import NotStarted, RunView, Target, find_run, refresh
 
@@ -157,6 +158,7 @@ class RunSource:
             "weights": v.weights, "pause_reasons": v.pause_reasons(), "services": v.services,
             "trainer": v.trainer, "rollout": {k: val for k, val in v.orchestrator.items() if "/" not in k},
             "run_dir": str(self.target.run_dir) if self.target.run_dir else None,
+            "envs": sorted(envs_of(v.orchestrator)),
         }
 
     def curves(self, after: int) -> dict[str, Any]:

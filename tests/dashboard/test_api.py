@@ -73,7 +73,7 @@ def test_overview_and_curves_follow_the_metrics_stream(client, run):
     url, name, _ = run
     o = client.get("/api/overview").json()
     assert (o["state"], o["run"], o["step"], o["total_steps"], o["mode"]) == ("live", name, 3, 10, "async")
-    assert o["rollout"]["episodes_per_s"] == 2.5 and o["elapsed_s"] >= 59
+    assert o["rollout"]["episodes_per_s"] == 2.5 and o["elapsed_s"] >= 59 and o["envs"] == ["calc", "other"]
     curves = client.get("/api/curves?after=0").json()
     assert [r["step"] for r in curves["trainer"]] == [1, 2, 3] and curves["next"] == 3
     assert curves["trainer"][2]["reward_mean"] == pytest.approx(0.3)

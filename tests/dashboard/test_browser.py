@@ -48,6 +48,8 @@ def test_the_page_against_hand_written_records(browser, tmp_path, run_name):
         log_in(browser, dashboard.url, TOKEN)
         wait_for(lambda: points(browser, "chart-reward") == 12, 30, "12 points on the reward chart")
         assert points(browser, "chart-staleness") == 12
+        env_choices = [o.get_attribute("value") for o in browser.find_elements("css selector", "#filters select option")]
+        assert env_choices == ["", "calc", "other"]  # the run's envs, from its orchestrator record
         browser.get(f"{dashboard.url}/#services")
         wait_for(lambda: browser.find_elements("css selector", "#engines tbody tr"), 30, "the engine row")
         assert "engine-0" in browser.find_element("id", "engines").text

@@ -54,6 +54,7 @@ function showOverview(o) {
   rollout.className = o.pause_reasons.length ? "bad" : "";
   const error = document.getElementById("run-error");
   error.hidden = !o.error; error.textContent = o.error || "";
+  Trajectories.addEnvs(o.envs || []);
   const t = o.trainer, r = o.rollout;
   const stats = [["reward", fmt(t.reward_mean, 3)], ["loss", fmt(t.loss, 4)], ["staleness", fmt(t.staleness_mean, 2)],
     ["masked fraction", fmt(t.masked_fraction, 3)], ["tokens/s", fmt(t.tokens_per_s)],

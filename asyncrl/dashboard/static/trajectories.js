@@ -23,11 +23,16 @@ const Trajectories = (() => {
         ? `-${s.weight_versions[1]}` : "") : "-"));
     tr.onclick = () => { window.location.hash = `sample=${s.ref}`; };
     if (s.ref === opened) tr.classList.add("selected");
-    if (!envsKnown.has(s.env)) {
-      envsKnown.add(s.env);
-      document.querySelector("#filters select[name=env]").append(el("option", {value: s.env}, s.env));
-    }
+    addEnvs([s.env]);
     return tr;
+  }
+
+  function addEnvs(envs) {  // the env filter's choices: the run's envs, and any a listed sample has
+    for (const env of envs) {
+      if (envsKnown.has(env)) continue;
+      envsKnown.add(env);
+      document.querySelector("#filters select[name=env]").append(el("option", {value: env}, env));
+    }
   }
 
   async function list(more) {
@@ -154,5 +159,5 @@ const Trajectories = (() => {
   document.getElementById("filters").addEventListener("submit", ev => { ev.preventDefault(); list(false).catch(err => {
     document.getElementById("samples-note").textContent = err.message; }); });
   document.getElementById("more").addEventListener("click", () => list(true));
-  return {show, list};
+  return {show, list, addEnvs};
 })();
