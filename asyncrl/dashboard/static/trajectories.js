@@ -70,15 +70,22 @@ const Trajectories = (() => {
     return `background: hsl(0, ${Math.round(20 + 60 * d)}%, ${Math.round(92 - 30 * d)}%)`;
   }
 
-  function tokenView(d, mode) {
+  const TOKENS_AT_ONCE = 20000;  // a long agent episode's tokens are drawn on demand past this many
+
+  function tokenView(d, mode, all) {
     const t = d.tokens, box = el("div", {class: "tokens", id: "tokens"});
-    for (let i = 0; i < t.ids.length; i++) {
+    const shown = all ? t.ids.length : Math.min(t.ids.length, TOKENS_AT_ONCE);
+    for (let i = 0; i < shown; i++) {
       let cls = t.loss_mask[i] ? "tok loss" : "tok ctx";
       if (t.loss_mask[i] && t.kept) cls += t.kept[i] ? " kept" : " band-masked";
       const span = el("span", {class: cls, "data-i": String(i), title: tokenTitle(t, i)}, t.text[i]);
       const style = heat(t, i, mode);
       if (style) span.setAttribute("style", style);
       box.append(span);
+    }
+    if (shown < t.ids.length) {
+      box.append(el("button", {id: "all-tokens", onclick: () => box.replaceWith(tokenView(d, mode, true))},
+                    `show all ${t.ids.length} tokens (${shown} shown)`));
     }
     box.onclick = ev => {
       const i = ev.target.dataset && ev.target.dataset.i;
@@ -128,7 +135,10 @@ const Trajectories = (() => {
       el("option", {value: "mask"}, "loss mask and IS band"), el("option", {value: "rollout"}, "rollout probability"),
       ...(d.tokens.trainer_logprobs ? [el("option", {value: "delta"}, "|trainer - rollout| log-prob")] : []));
     select.value = colourMode;
-    select.onchange = () => { colourMode = select.value; document.getElementById("tokens").replaceWith(tokenView(d, colourMode)); };
+    select.onchange = () => {
+      colourMode = select.value;
+      document.getElementById("tokens").replaceWith(tokenView(d, colourMode, !document.getElementById("all-tokens")));
+    };
     return el("p", {}, "colour trained tokens by ", select);
   }
 
