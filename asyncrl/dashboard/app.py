@@ -164,7 +164,12 @@ def _sample_routes(app: FastAPI) -> None:
                       before: str = Query("+", pattern=STREAM_ID),
                       count: int = Query(50, ge=1, le=PAGE_MAX),
                       scan: int = Query(1000, ge=1, le=SCAN_MAX)) -> dict[str, Any]:
+        if before != "+" and not _is_stream_id(before):
+            raise HTTPException(400, f"before: {before[:60]!r} is not a stream id (ms-seq, each below 2^64)")
+        before = before if before == "+" else "-".join(str(int(p)) for p in before.split("-"))  # 007-0: 7-0
         store = await _store(request)
+        if before == "0-0":  # nothing is recorded before the first possible id
+            return {"samples": [], "next": None, "scanned": 0}
         wanted = SampleFilter(env or None, min_reward, max_reward, step, outcome or None)
         return await page(store, wanted, before, count, scan)
 
@@ -182,8 +187,9 @@ def _sample_routes(app: FastAPI) -> None:
 
 
 def _is_stream_id(ref: str) -> bool:
+    """A Redis stream id: ms-seq, both unsigned 64-bit (ASCII digits: str.isdigit takes other scripts' too)."""
     ms, _, seq = ref.partition("-")
-    return ms.isdigit() and seq.isdigit()
+    return all(part.isascii() and part.isdigit() and int(part) < 2 ** 64 for part in (ms, seq))
 
 
 async def _store(request: Request):

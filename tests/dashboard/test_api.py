@@ -140,7 +140,8 @@ def test_an_opened_sample_has_its_turns_tool_call_tokens_and_trained_record(clie
 
 
 @pytest.mark.parametrize("query,named", [("count=0", "count"), ("count=abc", "count"), ("min_reward=high", "min_reward"),
-                                         ("step=-1", "step"), ("before=yesterday", "before"), ("scan=0", "scan")])
+                                         ("step=-1", "step"), ("before=yesterday", "before"), ("scan=0", "scan"),
+                                         (f"before={2 ** 64}-0", "before")])
 def test_a_bad_query_parameter_is_a_400_naming_it(client, query, named):
     response = client.get(f"/api/samples?{query}")
     assert response.status_code == 400 and named in response.json()["error"], response.text
@@ -148,6 +149,8 @@ def test_a_bad_query_parameter_is_a_400_naming_it(client, query, named):
 
 def test_a_bad_or_unknown_sample_ref(client):
     assert client.get("/api/samples/not-a-ref").status_code == 400
+    assert client.get(f"/api/samples/{2 ** 64}-0").status_code == 400
+    assert client.get("/api/samples?before=0-0").json() == {"samples": [], "next": None, "scanned": 0}
     missing = client.get("/api/samples/1-0")
     assert missing.status_code == 404 and "1-0" in missing.json()["error"]
     assert client.get("/api/curves?after=-1").status_code == 400
