@@ -183,6 +183,9 @@ def render(view: RunView, run: str) -> Group:
         ("training throughput", f"{t.get('tokens_per_s', 0):.0f} tokens/s"),
         ("weight version / staleness", f"{t.get('weight_version', 0):.0f} / {t.get('staleness_mean', 0):.2f}"),
         ("loss / masked fraction", f"{t.get('loss', 0):.4f} / {t.get('masked_fraction', 0):.3f}"),
+        ("off-policy: mismatch KL / max |log ratio| / ESS fraction",  # docs/run.md "Off-policy health"
+         f"{t.get('off_policy/mismatch_kl', 0):.2g} / {t.get('off_policy/max_abs_log_ratio', 0):.2f} / "
+         f"{t.get('off_policy/ess_fraction', 0):.3f}"),
         ("step time: wait / train / push", f"{t.get('wait_s', 0):.2f} / {t.get('train_s', 0):.2f} / "
                                            f"{t.get('push_s', 0):.2f} s"),
         ("episodes completed / failed / retried", f"{o.get('completed', 0):.0f} / {o.get('failed', 0):.0f} / "

@@ -84,7 +84,10 @@ async def test_the_dashboard_of_a_running_then_finished_run(tmp_path, run_name):
         cfg = TrainerConfig(lr=1e-3, groups_per_step=2, checkpoint_every=1, staleness_tau=100,
                             micro_batch_tokens=64, weight_push=WeightPushConfig(every_k_steps=1))
         trainer = Trainer(cfg, load_model_section("tiny"), redis.url, run_name, str(run_dir))
-        rewards = [(await trainer.step())["reward_mean"] for _ in range(2)]
+        steps = [await trainer.step() for _ in range(2)]
+        rewards = [step["reward_mean"] for step in steps]
+        health = (f"{steps[-1]['off_policy/mismatch_kl']:.2g} / {steps[-1]['off_policy/max_abs_log_ratio']:.2f} / "
+                  f"{steps[-1]['off_policy/ess_fraction']:.3f}")
         await wait_record(store, lambda r: r.get("pause/operator") == 1 and r["in_flight"] == in_flight)
 
         # The flicker's cause: every orchestrator record is the whole status, env table included.
@@ -100,6 +103,7 @@ async def test_the_dashboard_of_a_running_then_finished_run(tmp_path, run_name):
             lambda s: "rollout paused: new groups held back by operator" in s,            # the pause reason
             lambda s: re.search(r"step 2/3\s+elapsed \d+s\s+ETA \d+s", s),               # progress, elapsed, ETA
             lambda s: f"trainer /metrics {trainer.metrics_url}" in s,                     # the trainer's endpoint
+            lambda s: health in s,                                                        # the off-policy health
         ]
         terminal.wait_for(lambda s: all(check(s) for check in expected), 60, "the dashboard")
         assert "Traceback" not in terminal.output

@@ -35,7 +35,8 @@ def measure(layout: MegatronConfig, routed: bool) -> dict | None:
     weights = backend.hf_state_dict()
     backend.close()
     return {"logprobs": logprobs, "loss": result.loss, "grad_norm": result.grad_norm,
-            "num_tokens": result.num_tokens, "logprobs_after": after, "num_weights": len(weights),
+            "num_tokens": result.num_tokens, "logprobs_after": after,
+            "samples": {sid: t.logprobs.tolist() for sid, t in result.samples.items()}, "num_weights": len(weights),
             "indexer_wk_sum": float(weights["model.layers.0.self_attn.indexer.wk.weight"].double().sum())}
 
 

@@ -57,7 +57,10 @@ def backend(section):
 def test_hf_megatron_conversion_round_trips_every_tensor(section):
     from trainer.backends.megatron.hf_weights import hf_to_megatron, megatron_to_hf
 
+    from trainer.backends.megatron.backend import is_mtp
+
     hf = checkpoint_tensors(Glm5ForCausalLM.from_config(section.arch, seed=SEED))
+    hf = {name: t for name, t in hf.items() if not is_mtp(name, section.arch)}  # the backend keeps MTP aside
     full = hf_to_megatron(hf)
     assert "decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight" in full
     assert "decoder.layers.2.self_attention.core_attention.indexer.linear_wk.weight" not in full  # shared-indexer layer
@@ -148,11 +151,14 @@ def test_frozen_indexer_gets_no_gradient_and_stays_bit_identical(backend, micro_
     optimized = {id(p) for group in backend.optimizer.param_groups for p in group["params"]}
     assert not optimized & {id(p) for p in indexer_params}
     before = {name: t.clone() for name, t in backend.hf_state_dict().items()}  # fp32: views of live weights
-    for _ in range(2):
-        backend.train_step(micro_batches, normalizer_of(micro_batches))
+    results = [backend.train_step(micro_batches, normalizer_of(micro_batches)) for _ in range(2)]
     after = backend.hf_state_dict()
+    # every trained sample's forward log-probs come back (the off-policy health and trained records use them)
+    assert results[0].samples.keys() == {sid for mb in micro_batches for sid in mb.sample_ids}
+    assert all(len(t.logprobs) == len(t.entropy) and (t.logprobs <= 0).all() for t in results[0].samples.values())
     indexer = [name for name in before if ".indexer." in name]
-    assert len(indexer) == 15  # 3 full-indexer layers x (wq_b, wk, k_norm.weight, k_norm.bias, weights_proj)
+    # 3 full-indexer decoder layers and the MTP layer x (wq_b, wk, k_norm.weight, k_norm.bias, weights_proj)
+    assert len(indexer) == 20
     assert all(torch.equal(before[name], after[name]) for name in indexer)
     trained = "model.layers.0.self_attn.q_b_proj.weight"
     assert not torch.equal(before[trained], after[trained])

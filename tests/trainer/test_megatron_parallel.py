@@ -60,6 +60,12 @@ def test_parallel_layout_matches_single_process_torch_model(measured, references
     assert got["loss"] == pytest.approx(ref.loss, abs=1e-6)
     assert got["grad_norm"] == pytest.approx(ref.grad_norm, rel=1e-5)
     assert got["num_tokens"] == sum(mb.num_tokens for mb in micro_batches)
+    # the step's per-sample forward log-probs, gathered over the data-parallel ranks (ep2: 2 of them)
+    spans = {sid: expected[a:b] for mb, expected in zip(micro_batches, ref.logprobs_before)
+             for sid, a, b in zip(mb.sample_ids, mb.cu_seqlens[:-1].tolist(), mb.cu_seqlens[1:].tolist())}
+    assert got["samples"].keys() == spans.keys()
+    for sid, logprobs in got["samples"].items():
+        assert (torch.tensor(logprobs) - spans[sid]).abs().max() <= 1e-5
     for logprobs, expected in zip(got["logprobs_after"], ref.logprobs_after):
         assert (torch.tensor(logprobs) - expected).abs().max() < 1e-4
     state = ref.model.state_dict()
