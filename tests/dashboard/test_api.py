@@ -218,6 +218,7 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(tmp_path, run):
     proc = ServiceProcess("asyncrl.dashboard.server", ["--redis-url", url, "--run", name, "--auth-token", "t0k"],
                           tmp_path, name="dashboard")
     try:
+        assert proc.url.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
         assert httpx.get(f"{proc.url}/health").status_code == 200
         assert httpx.get(f"{proc.url}/api/overview").status_code == 401
         overview = httpx.get(f"{proc.url}/api/overview", headers={"Authorization": "Bearer t0k"}).json()
@@ -236,3 +237,15 @@ def test_a_wrong_run_dir_is_exit_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "asyncrl.cli", "dashboard", "--run-dir", str(tmp_path / "nope")],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and "no run directory" in done.stderr
+
+
+def test_the_token_is_the_flag_else_the_dashboards_else_the_runs_orchestrator_token(monkeypatch):
+    from asyncrl.dashboard.access import resolve_token
+
+    monkeypatch.delenv("ASYNCRL_DASHBOARD_TOKEN", raising=False)
+    monkeypatch.delenv("ASYNCRL_ORCHESTRATOR_TOKEN", raising=False)
+    assert resolve_token(None) is None
+    monkeypatch.setenv("ASYNCRL_ORCHESTRATOR_TOKEN", "orch")
+    assert resolve_token(None) == "orch"
+    monkeypatch.setenv("ASYNCRL_DASHBOARD_TOKEN", "dash")
+    assert resolve_token(None) == "dash" and resolve_token("flag") == "flag"
