@@ -579,6 +579,41 @@ class ResourcesConfig:
     """Ray GPUs reserved for the trainer actor."""
 
 
+WANDB_MODES = ("auto", "offline", "online")
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging of the run's metrics (asyncrl/wandb_mirror.py, docs/run.md "Weights &
+    Biases"), done by the launcher next to TensorBoard: one W&B run per run dir, resumed with it."""
+
+    enabled: bool = False
+    """Log the run to W&B (TensorBoard is written either way)."""
+    project: str = "asyncrl"
+    """W&B project of the run."""
+    entity: Optional[str] = None
+    """W&B entity (user or team); None: the account's default entity."""
+    mode: str = "auto"
+    """`auto`: $WANDB_MODE when set, else `online` when W&B credentials exist ($WANDB_API_KEY or a
+    `wandb login` entry in ~/.netrc), else `offline`; `offline`: files only, uploaded later with `wandb
+    sync` (an air-gapped cluster); `online`: streamed to the W&B server (the run fails at start without
+    credentials or a reachable server)."""
+    group: Optional[str] = None
+    """W&B run group (runs of one sweep or comparison side by side); None: none."""
+    tags: list[str] = field(default_factory=list)
+    """W&B tags of the run."""
+    name: Optional[str] = None
+    """W&B display name; None: the run's name."""
+    dir: Optional[str] = None
+    """Where W&B writes its files (<dir>/wandb/<offline-run-...>); None: the run dir (<run_dir>/wandb)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {self.mode!r}")
+        if not self.project:
+            raise ValueError("wandb.project must not be empty")
+
+
 @dataclass
 class RunConfig:
     name: str = "asyncrl"
@@ -623,6 +658,8 @@ class RunConfig:
     """How long Ray may take to bring a dead trainer back before the run fails."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
     """Which implementation the launcher starts for each component (ComponentsConfig)."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases logging of the run's metrics (WandbConfig)."""
 
     def __post_init__(self) -> None:
         if self.orchestrator.sessions == "endpoint":
@@ -657,8 +694,9 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def section_data(section: Any, redact: bool = False) -> dict[str, Any]:
-    """A config dataclass as JSON-able data, nested ones included; secrets left out, or with `redact`
-    shown as "<set>" (None when unset), as a service's /server_info reports them."""
+    """A config dataclass as JSON-able data, nested ones included (also as dict values: envs.services);
+    secrets left out, or with `redact` shown as "<set>" (None when unset), as a service's /server_info
+    reports them."""
     out: dict[str, Any] = {}
     for f in fields(section):
         value = getattr(section, f.name)
@@ -666,8 +704,16 @@ def section_data(section: Any, redact: bool = False) -> dict[str, Any]:
             if redact:
                 out[f.name] = None if value is None else "<set>"
         else:
-            out[f.name] = section_data(value, redact) if is_dataclass(value) else value
+            out[f.name] = _value_data(value, redact)
     return out
+
+
+def _value_data(value: Any, redact: bool) -> Any:
+    if is_dataclass(value):
+        return section_data(value, redact)
+    if isinstance(value, dict):
+        return {k: _value_data(v, redact) for k, v in value.items()}
+    return value
 
 
 def write_section(section: Any, path: Path) -> Path:
