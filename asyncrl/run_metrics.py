@@ -1,4 +1,5 @@
-"""Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard.
+"""Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard (and to
+W&B when `wandb.enabled`, asyncrl/wandb_mirror.py, with the services' own /metrics).
 
 Sources (the `source` field of a record; each source has one record shape, written by one writer):
 * `trainer`: one record per step, appended by the trainer (trainer/loop.py step_metrics: reward, loss,
@@ -6,8 +7,8 @@ Sources (the `source` field of a record; each source has one record shape, writt
 * `orchestrator`: one record every few seconds, appended by the orchestrator itself
   (orchestrator/runtime.py), shaped by `orchestrator_record`: totals, pause reasons, and each env's
   health, load and outcomes.
-`asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard (mirrored by the launcher's
-`Collector`, which also keeps the orchestrator's last /v1/status for the launcher's progress line and
+`asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard and the W&B run (mirrored by the
+launcher's `Collector`, which also keeps the orchestrator's last /v1/status for the launcher's progress line and
 summary, without writing it to the stream) and tests all read the same stream.
 """
 
@@ -17,11 +18,12 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import httpx
 from redis.exceptions import RedisError
 
+from asyncrl.service_metrics import ServiceScraper
 from asyncrl.store import Store
 
 log = logging.getLogger("asyncrl.run_metrics")
@@ -43,6 +45,32 @@ ORCHESTRATOR_SCALARS = {
 ORCHESTRATOR_TOTALS = ("in_flight", "settling", "queued", "completed", "failed", "retried", "groups_completed",
                        "episodes_per_s", "groups_filtered", "groups_passed", "groups_unusable", "filtered_fraction",
                        "filter_streak")
+SYSTEM_ORCHESTRATOR = ("paused", "pause/", "dispatch_overhead")
+"""`orchestrator` record keys (and prefixes) that are about the orchestrator itself: system/orchestrator/<key>."""
+
+
+def trainer_key(key: str) -> Optional[str]:
+    """The panel key (TensorBoard tag, W&B key) of a `trainer` record's value: TRAINER_SCALARS' tag; a key
+    with a "/" (`off_policy/<name>`, `env/<env>/<name>`) as it is; any other `train/<key>`. None for
+    `step`, the x-axis."""
+    if key == "step":
+        return None
+    return TRAINER_SCALARS.get(key) or (key if "/" in key else f"train/{key}")
+
+
+def orchestrator_key(key: str) -> str:
+    """The panel key of an `orchestrator` record's value: ORCHESTRATOR_SCALARS' tag; `env/<env>/...` as it
+    is; `paused`, `pause/<reason>` and `dispatch_overhead_p99_ms` under system/orchestrator/; any other
+    total `rollout/<key>`."""
+    if key in ORCHESTRATOR_SCALARS:
+        return ORCHESTRATOR_SCALARS[key]
+    if key.startswith("env/"):
+        return key
+    if key.startswith(SYSTEM_ORCHESTRATOR):
+        return f"system/orchestrator/{key}"
+    return f"rollout/{key}"
+
+
 ENV_FIELDS = ("healthy_services", "in_flight", "queued", "completed", "failed", "groups_completed",
               "groups_filtered", "groups_passed", "groups_unusable")
 
@@ -90,8 +118,20 @@ def envs_of(record: dict[str, float]) -> dict[str, dict[str, float]]:
     return out
 
 
+def newer(records: list[tuple[str, str, dict[str, float]]], after: str) -> list[tuple[str, str, dict[str, float]]]:
+    """The records past stream id `after` (ids are `<ms>-<seq>`)."""
+    mark = _stream_id(after)
+    return [r for r in records if _stream_id(r[0]) > mark]
+
+
+def _stream_id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 class TensorBoardMirror:
-    """Appends every new metrics record of the run to TensorBoard event files."""
+    """Appends every new metrics record of the run to TensorBoard event files (trainer values at their step,
+    orchestrator values at their record's count), under the same keys as W&B."""
 
     def __init__(self, log_dir: Path) -> None:
         from tensorboardX import SummaryWriter
@@ -105,28 +145,49 @@ class TensorBoardMirror:
             self.after = stream_id
             if source == "trainer":
                 step = int(values.get("step", 0))
-                for key, tag in TRAINER_SCALARS.items():
-                    if key in values:
-                        self.writer.add_scalar(tag, values[key], step)
+                for key, value in values.items():
+                    if (tag := trainer_key(key)) is not None:
+                        self.writer.add_scalar(tag, value, step)
             elif source == "orchestrator":
                 self._orchestrator_ticks += 1
                 for key, value in values.items():
-                    self.writer.add_scalar(ORCHESTRATOR_SCALARS.get(key, key), value, self._orchestrator_ticks)
+                    self.writer.add_scalar(orchestrator_key(key), value, self._orchestrator_ticks)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
 
 
-class Collector:
-    """Background thread: mirror the run's metrics stream to TensorBoard, and keep the orchestrator's last
-    /v1/status (`status`) for the launcher."""
+class Mirror(Protocol):
+    """Where the Collector copies the stream: `after` is the stream id of the last record it holds."""
 
-    def __init__(self, redis_url: str, run: str, orchestrator_url: str, log_dir: Path, interval_s: float = 5.0,
-                 headers: Optional[dict[str, str]] = None) -> None:
-        """`headers`: the orchestrator's bearer token when it has one (else every poll is refused)."""
+    after: str
+
+    def write(self, records: list[tuple[str, str, dict[str, float]]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ScrapeSink(Protocol):
+    """Where the services' scraped /metrics go (the W&B mirror; TensorBoard shows the stream only)."""
+
+    def write_scraped(self, values: dict[str, float]) -> None: ...
+
+
+class Collector:
+    """Background thread: mirror the run's metrics stream to each of `mirrors` (TensorBoard, W&B), scrape
+    the services' /metrics into `scrape_to` when given, and keep the orchestrator's last /v1/status (`status`)
+    for the launcher. It closes the mirrors when it stops."""
+
+    def __init__(self, redis_url: str, run: str, orchestrator_url: str, mirrors: list[Mirror],
+                 interval_s: float = 5.0, headers: Optional[dict[str, str]] = None,
+                 scrape_to: Optional[ScrapeSink] = None, gateway_headers: Optional[dict[str, str]] = None) -> None:
+        """`headers`: the orchestrator's bearer token when it has one (else every poll is refused);
+        `gateway_headers`: the gateway's, for its /metrics."""
         self.redis_url, self.run, self.orchestrator_url = redis_url, run, orchestrator_url
-        self.log_dir, self.interval_s, self.headers = log_dir, interval_s, headers or {}
+        self.mirrors, self.interval_s, self.headers = mirrors, interval_s, headers or {}
+        self.scrape_to = scrape_to
+        self.scraper = ServiceScraper(orchestrator_url, self.headers, gateway_headers or {})
         self.status: Optional[dict[str, Any]] = None
         """The orchestrator's last /v1/status (the launcher's progress line reads it)."""
         self._stop = threading.Event()
@@ -152,32 +213,40 @@ class Collector:
 
     async def _loop(self) -> None:
         store = Store.connect(self.redis_url, self.run)
-        mirror = TensorBoardMirror(self.log_dir)
         try:
-            async with httpx.AsyncClient(timeout=10, headers=self.headers) as http:
+            async with httpx.AsyncClient(timeout=10) as http:
                 while True:
-                    await self._tick(store, mirror, http)
+                    await self._tick(store, http)
                     if self._stop.wait(self.interval_s):
-                        await self._tick(store, mirror, http)
+                        await self._tick(store, http)
                         return
         finally:
-            mirror.close()
+            for mirror in self.mirrors:
+                try:
+                    mirror.close()
+                except Exception as err:  # noqa: BLE001 - the others still close
+                    log.warning("closing %s failed: %r", type(mirror).__name__, err)
             await store.close()
 
-    async def _tick(self, store: Store, mirror: TensorBoardMirror, http: httpx.AsyncClient) -> None:
-        """One poll; a Redis failure skips it (the mirror catches up from `mirror.after` next time)."""
+    async def _tick(self, store: Store, http: httpx.AsyncClient) -> None:
+        """One poll; a Redis failure skips it (each mirror catches up from its `after` next time)."""
         # The orchestrator writes its own `orchestrator` records (one shape per source): this poll is only
         # for the launcher's progress line and summary.
-        self.status = await _get_json(http, f"{self.orchestrator_url}/v1/status") or self.status
+        self.status = await _get_json(http, f"{self.orchestrator_url}/v1/status", self.headers) or self.status
         try:
-            mirror.write(await store.read_metrics(after=mirror.after, count=100_000))
+            after = min((m.after for m in self.mirrors), key=_stream_id)
+            records = await store.read_metrics(after=after, count=100_000)
+            for mirror in self.mirrors:
+                mirror.write(newer(records, mirror.after))
+            if self.scrape_to is not None:
+                self.scrape_to.write_scraped(await self.scraper.scrape(http, store))
         except (RedisError, OSError) as err:
             log.warning("metrics poll skipped: Redis failed (%r)", err)
 
 
-async def _get_json(http: httpx.AsyncClient, url: str) -> Optional[dict[str, Any]]:
+async def _get_json(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Optional[dict[str, Any]]:
     try:
-        response = await http.get(url)
+        response = await http.get(url, headers=headers)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
