@@ -23,20 +23,23 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from redis.exceptions import RedisError
 
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
-                            TrainerConfig, write_section)
+                            TrainerConfig, section_data, write_section)
 from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
-from asyncrl.run_metrics import Collector
+from asyncrl.run_metrics import Collector, TensorBoardMirror
 from asyncrl.run_summary import RunSummary, format_duration, summarize
 from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
+
+if TYPE_CHECKING:
+    from asyncrl.wandb_mirror import WandbMirror
 
 log = logging.getLogger("asyncrl.launcher")
 
@@ -235,11 +238,20 @@ class Job:
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode, "started_at": str(self.started_at)}))
-        self.collector = Collector(self.redis_url, cfg.name, orchestrator, self.run_dir / "tensorboard",
-                                   headers=bearer_headers(cfg.orchestrator.auth_token)).start()
+        wandb = self._guard("wandb", self._start_wandb) if cfg.wandb.enabled else None
+        mirrors = [TensorBoardMirror(self.run_dir / "tensorboard")] + ([wandb] if wandb else [])
+        self.collector = Collector(self.redis_url, cfg.name, orchestrator, mirrors,
+                                   headers=bearer_headers(cfg.orchestrator.auth_token), scrape_to=wandb,
+                                   gateway_headers=bearer_headers(cfg.gateway.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
                  sum(e.num_replicas for e in cfg.envs.services.values()), self.run_dir)
+
+    def _start_wandb(self) -> WandbMirror:
+        """The W&B run, with the resolved run config (section_data: secrets left out)."""
+        from asyncrl.wandb_mirror import WandbMirror  # wandb is imported only by runs that log to it
+
+        return WandbMirror(self.cfg.wandb, self.cfg.name, self.run_dir, section_data(self.cfg))
 
     def _announce_resume(self) -> int:
         """Say what a re-run found and what it does with it; -> the step it resumes from."""
@@ -448,7 +460,8 @@ class Job:
             took[name], mark = time.monotonic() - mark, time.monotonic()
 
         if self.collector is not None:
-            _quietly(lambda: self.collector.stop(timeout_s=2))
+            # after the last step the W&B run may take a while to finish (an upload in online mode)
+            _quietly(lambda: self.collector.stop(timeout_s=2 if interrupted else 30))
         orchestrator = [h for name, h in self.services.items() if name == "orchestrator"]
         self._stop_services(orchestrator, grace_s, deadline)
         phase("orchestrator")
