@@ -54,7 +54,8 @@ class Values:
 
     def __init__(self) -> None:
         self.scalars: dict[str, float] = {}
-        self.histograms: dict[str, list[float]] = {}
+        self.histograms: dict[tuple[str, str], list[float]] = {}
+        """(prefix/name, label tail) -> [sum, count]."""
 
     def add(self, families: list[Metric], panel: str, env_panel: str) -> None:
         for family in families:
@@ -71,7 +72,7 @@ class Values:
                 tail = "".join(f"/{k}={_clean(v)}" for k, v in sorted(labels.items()))
                 if family.type in HISTOGRAMS:
                     if part in HISTOGRAM_PARTS:
-                        slot = self.histograms.setdefault(f"{prefix}/{base}{tail}", [0.0, 0.0])
+                        slot = self.histograms.setdefault((f"{prefix}/{base}", tail), [0.0, 0.0])
                         slot[HISTOGRAM_PARTS[part]] += sample.value
                 else:
                     key = f"{prefix}/{_short(sample.name)}{tail}"
@@ -79,10 +80,10 @@ class Values:
 
     def result(self) -> dict[str, float]:
         out = dict(self.scalars)
-        for key, (total, count) in self.histograms.items():
-            out[f"{key}_count"] = count
+        for (name, tail), (total, count) in self.histograms.items():
+            out[f"{name}_count{tail}"] = count
             if count:
-                out[f"{key}_mean"] = total / count
+                out[f"{name}_mean{tail}"] = total / count
         return out
 
 

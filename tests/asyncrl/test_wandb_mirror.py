@@ -113,7 +113,7 @@ def env_registry(in_flight: float, rewards: list[float]) -> CollectorRegistry:
 async def test_the_scrape_reads_every_service_and_survives_one_that_fails(redis_server, run_name, caplog):
     gateway = CollectorRegistry()
     Counter("asyncrl_gateway_turns", "", ["api", "finish_reason"], registry=gateway).labels("chat", "stop").inc(7)
-    Histogram("asyncrl_gateway_engine_latency_seconds", "", registry=gateway).observe(0.25)
+    Histogram("asyncrl_gateway_turn_latency_seconds", "", ["api"], registry=gateway).labels("chat").observe(0.25)
     orchestrator = CollectorRegistry()
     Counter("asyncrl_orchestrator_outcomes", "", ["env", "outcome", "reason"],
             registry=orchestrator).labels("arithmetic", "model", "correct").inc(3)
@@ -140,8 +140,8 @@ async def test_the_scrape_reads_every_service_and_survives_one_that_fails(redis_
         await store.close()
         servers.close()
     assert values["system/gateway/turns_total/api=chat/finish_reason=stop"] == 7
-    assert values["system/gateway/engine_latency_seconds_count"] == 1
-    assert values["system/gateway/engine_latency_seconds_mean"] == pytest.approx(0.25)
+    assert values["system/gateway/turn_latency_seconds_count/api=chat"] == 1
+    assert values["system/gateway/turn_latency_seconds_mean/api=chat"] == pytest.approx(0.25)
     assert values["env/arithmetic/orchestrator/outcomes_total/outcome=model/reason=correct"] == 3
     assert values["system/orchestrator/queued"] == 5
     assert values["system/engine/engine-0/num_running_reqs"] == 4
