@@ -78,8 +78,9 @@ class WandbMirror:
                               # the launcher's output is in launcher.log; W&B's capture would wrap its stdout
                               settings=wandb.Settings(console="off"))
         self._save()
-        log.info("W&B run %s (%s, %s) in %s%s", self.run_id, cfg.project, self.mode, directory / "wandb",
-                 f": resumed after step {self.logged}" if self.logged else "")
+        log.info("W&B run %s (project %s, %s) in %s%s%s", self.run_id, cfg.project, self.mode, directory / "wandb",
+                 f", resumed after step {self.logged}" if self.logged else "",
+                 f"; upload it with `wandb sync {directory / 'wandb'}`" if self.mode == "offline" else "")
 
     def write(self, records: list[tuple[str, str, dict[str, float]]]) -> None:
         for stream_id, source, values in records:
