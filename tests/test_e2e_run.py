@@ -3,6 +3,7 @@ an env service, an engine and the trainer being killed, losing nothing, and runs
 in both modes."""
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
 from tests.services import ROOT
+from tests.wandb_files import read_offline_runs
 
 
 def launch(run_dir: Path, name: str, *overrides: str) -> subprocess.Popen:
@@ -148,18 +150,29 @@ def test_run_survives_a_redis_stall_longer_than_the_command_timeout(tmp_path):
     assert "TimeoutError" in logs  # the stall outlasted the command timeout: calls failed and were retried
 
 
+WANDB_RUN = ("async", "tensor")
+"""The one of these runs that also logs to W&B, offline, read back with W&B's own reader."""
+WANDB_OVERRIDES = ("wandb.enabled=true", "wandb.mode=offline", "wandb.project=e2e", "wandb.group=push",
+                   "wandb.tags=[e2e,tensor]", "orchestrator.auth_token=orch-secret")
+"""The orchestrator's token: the scrape lists the env services through its /v1/envs with it, and no secret
+may reach the logged config."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode,method", [("sync", "tensor"), ("sync", "distributed"), ("async", "tensor"),
                                          ("async", "distributed")])
-def test_runs_finish_with_every_push_method_in_both_modes(mode, method, tmp_path):
+def test_runs_finish_with_every_push_method_in_both_modes(mode, method, tmp_path, monkeypatch):
     """tensor and distributed pushes write no snapshot here (snapshot_every_pushes 10): the orchestrator's
     staleness rule follows the served version they move. 4 steps of 4 groups: async (tau 2) starts 3 steps'
     groups at v0, so step 4 needs v1 served; sync needs every step's push."""
     name = f"e2e_{mode}_{method}"
     run_dir = tmp_path / name
+    wandb = (mode, method) == WANDB_RUN
+    monkeypatch.setenv("WANDB_MODE", "offline")  # never online, whatever the config says
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     proc = launch(run_dir, name, f"mode={mode}", f"trainer.weight_push.method={method}", "total_steps=4",
-                  "warmup.steps=5", "trainer.groups_per_step=4")
+                  "warmup.steps=5", "trainer.groups_per_step=4", *(WANDB_OVERRIDES if wandb else ()))
     try:
         assert proc.wait(240) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
     finally:
@@ -173,6 +186,30 @@ def test_runs_finish_with_every_push_method_in_both_modes(mode, method, tmp_path
         assert all(r["staleness_max"] == 0 for r in records)
     weights = asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy-weights", _weights))
     assert (weights.served_version, weights.method, weights.snapshot) == (4, method, None)
+    if wandb:
+        check_wandb_run(run_dir, name)
+    else:
+        assert not (run_dir / "wandb").exists()  # off by default
+
+
+def check_wandb_run(run_dir: Path, name: str) -> None:
+    """One offline W&B run with one history row per trainer step, every panel group filled, the resolved
+    config without secrets (read with wandb's own reader of the .wandb file)."""
+    (run,) = read_offline_runs(run_dir / "wandb")
+    assert run.steps == [1, 2, 3, 4] and run.exit_code == 0
+    assert sum("train/loss" in row for row in run.history) == 4
+    assert (run.run["project"], run.run["run_group"], run.run["tags"], run.run["display_name"]) == (
+        "e2e", "push", ["e2e", "tensor"], name)
+    keys = run.keys
+    for key in ("train/loss", "train/wait_s", "rollout/reward_mean", "rollout/episodes_completed",
+                "throughput/episodes_per_s", "env/arithmetic/completed", "system/orchestrator/paused",
+                "system/gateway/samples_written_total", "system/trainer/steps_total",
+                "system/engine/engine-0/prompt_tokens_total", "env/arithmetic/orchestrator/reward_mean",
+                "env/arithmetic/service/reward_mean"):  # the stream's, then each service's /metrics
+        assert key in keys, (key, sorted(keys))
+    config = run.config()
+    assert config["total_steps"] == 4 and config["wandb"]["project"] == "e2e"
+    assert "orch-secret" not in json.dumps(config) and "auth_token" not in config["orchestrator"]
 
 
 async def _weights(url: str, run: str):
