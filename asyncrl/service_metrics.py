@@ -101,9 +101,9 @@ def _clean(value: str) -> str:
 
 class ServiceScraper:
     """Finds the run's /metrics endpoints at every scrape (services restart on new ports): the `services`
-    hash (gateway, trainer_metrics), the `engines` hash, the orchestrator itself and its registered env
-    services (GET /v1/envs). A failing endpoint is logged once (and again once it recovered and failed
-    anew) and skipped; a scrape never fails the run."""
+    hash (gateway, trainer_metrics), the `engines` hash, the orchestrator itself and its healthy env
+    services (GET /v1/envs; a resumed run's registry still lists the previous run's). A failing endpoint
+    is logged once (again once it recovered and failed anew) and skipped; a scrape never fails the run."""
 
     def __init__(self, orchestrator_url: str, orchestrator_headers: dict[str, str],
                  gateway_headers: dict[str, str]) -> None:
@@ -141,7 +141,7 @@ class ServiceScraper:
         if reply is None:
             return []
         try:
-            return [env for env in reply.json() if env.get("name") and env.get("url")]
+            return [env for env in reply.json() if env.get("healthy") and env.get("name") and env.get("url")]
         except (ValueError, AttributeError) as err:
             self._failed("orchestrator /v1/envs", f"unreadable reply ({err!r})")
             return []

@@ -124,7 +124,8 @@ async def test_the_scrape_reads_every_service_and_survives_one_that_fails(redis_
     Counter("asyncrl_trainer_steps", "", registry=trainer).inc(2)
     registries = {"gateway": gateway, "orchestrator": orchestrator, "engine": engine, "trainer": trainer,
                   "env0": env_registry(2, [0.0, 1.0]), "env1": env_registry(3, [1.0])}
-    envs = [{"name": "arithmetic", "url": "/env0"}, {"name": "arithmetic", "url": "/env1"}]
+    envs = [{"name": "arithmetic", "url": url, "healthy": url != "/gone"}  # /gone: not scraped, no failure logged
+            for url in ("/env0", "/env1", "/gone")]
     servers = MetricsServers(registries, envs, token="gw-secret")
     store = Store.connect(redis_server.url, run_name)
     try:
