@@ -212,6 +212,8 @@ class Job:
         self.trainer: Any = None
         self.training: Any = None
         self.collector: Optional[Collector] = None
+        self.wandb: Optional[WandbMirror] = None
+        """The W&B run (wandb.enabled); the collector closes it, or shutdown when no collector started."""
         self.resumed_from = 0
         self.started_at = time.time()
         """Unix time the launch began (also the `services` hash's started_at: `asyncrl watch`'s elapsed time)."""
@@ -228,6 +230,8 @@ class Job:
         self._guard("trainer", lambda: self._create_trainer(model_path))
         if (self.run_dir / "checkpoints").is_dir() and self._announce_resume() >= cfg.total_steps:
             return  # nothing to train: wait() returns at once, the summary says what the run did
+        if cfg.wandb.enabled:  # before the services: a W&B that cannot log in fails the run in seconds
+            self.wandb = self._guard("wandb", self._start_wandb)
         self._guard("engines", lambda: self._start_engines(model_path))
         gateway = self._guard("gateway", self._start_gateway)
         orchestrator = self._guard("orchestrator", lambda: self._start_orchestrator(gateway))
@@ -238,10 +242,9 @@ class Job:
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
             "mode": cfg.mode, "started_at": str(self.started_at)}))
-        wandb = self._guard("wandb", self._start_wandb) if cfg.wandb.enabled else None
-        mirrors = [TensorBoardMirror(self.run_dir / "tensorboard")] + ([wandb] if wandb else [])
+        mirrors = [TensorBoardMirror(self.run_dir / "tensorboard")] + ([self.wandb] if self.wandb else [])
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, mirrors,
-                                   headers=bearer_headers(cfg.orchestrator.auth_token), scrape_to=wandb,
+                                   headers=bearer_headers(cfg.orchestrator.auth_token), scrape_to=self.wandb,
                                    gateway_headers=bearer_headers(cfg.gateway.auth_token)).start()
         log.info("run %s: %s mode, gateway %s, orchestrator %s, %d env service(s); watch with "
                  "`asyncrl watch --run-dir %s`", cfg.name, cfg.mode, gateway, orchestrator,
@@ -462,6 +465,8 @@ class Job:
         if self.collector is not None:
             # after the last step the W&B run may take a while to finish (an upload in online mode)
             _quietly(lambda: self.collector.stop(timeout_s=2 if interrupted else 30))
+        elif self.wandb is not None:  # a start that failed after the W&B run began
+            _quietly(self.wandb.close)
         orchestrator = [h for name, h in self.services.items() if name == "orchestrator"]
         self._stop_services(orchestrator, grace_s, deadline)
         phase("orchestrator")
