@@ -209,6 +209,7 @@ def check_wandb_run(run_dir: Path, name: str) -> None:
         assert key in keys, (key, sorted(keys))
     config = run.config()
     assert config["total_steps"] == 4 and config["wandb"]["project"] == "e2e"
+    assert config["envs"]["services"]["arithmetic"]["target"] == "envs.tasks.ArithmeticEnv"  # nested sections too
     assert "orch-secret" not in json.dumps(config) and "auth_token" not in config["orchestrator"]
 
 
