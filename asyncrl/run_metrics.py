@@ -7,9 +7,9 @@ Sources (the `source` field of a record; each source has one record shape, writt
 * `orchestrator`: one record every few seconds, appended by the orchestrator itself
   (orchestrator/runtime.py), shaped by `orchestrator_record`: totals, pause reasons, and each env's
   health, load and outcomes.
-`asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard and the W&B run (mirrored by the
-launcher's `Collector`, which also keeps the orchestrator's last /v1/status for the launcher's progress line and
-summary, without writing it to the stream) and tests all read the same stream.
+`asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard and the W&B run (mirrored by
+the launcher's `Collector`, which also keeps the orchestrator's last /v1/status for the launcher's
+progress line and summary, without writing it to the stream) and tests all read the same stream.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ class ScrapeSink(Protocol):
 
 class Collector:
     """Background thread: mirror the run's metrics stream to each of `mirrors` (TensorBoard, W&B), scrape
-    the services' /metrics into `scrape_to` when given, and keep the orchestrator's last /v1/status (`status`)
-    for the launcher. It closes the mirrors when it stops."""
+    the services' /metrics into `scrape_to` when given, and keep the orchestrator's last /v1/status
+    (`status`) for the launcher. It closes the mirrors when it stops."""
 
     def __init__(self, redis_url: str, run: str, orchestrator_url: str, mirrors: list[Mirror],
                  interval_s: float = 5.0, headers: Optional[dict[str, str]] = None,

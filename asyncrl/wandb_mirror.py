@@ -67,7 +67,7 @@ class WandbMirror:
         self.logged: int = state.get("step", 0)
         """The last step logged to (0: none)."""
         self.step = self.logged + 1
-        """The step values are logged at now: a resumed W&B run starts past the rows it holds."""
+        """The step new values go to (the latest trainer step); a resumed W&B run starts past the rows it holds."""
         self.skipped = 0
         directory = Path(cfg.dir) if cfg.dir else Path(run_dir)
         directory.mkdir(parents=True, exist_ok=True)

@@ -188,6 +188,7 @@ def test_runs_finish_with_every_push_method_in_both_modes(mode, method, tmp_path
     assert (weights.served_version, weights.method, weights.snapshot) == (4, method, None)
     if wandb:
         check_wandb_run(run_dir, name)
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))  # TensorBoard stays
     else:
         assert not (run_dir / "wandb").exists()  # off by default
 
