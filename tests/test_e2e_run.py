@@ -202,11 +202,13 @@ def check_wandb_run(run_dir: Path, name: str) -> None:
     assert (run.run["project"], run.run["run_group"], run.run["tags"], run.run["display_name"]) == (
         "e2e", "push", ["e2e", "tensor"], name)
     keys = run.keys
-    for key in ("train/loss", "train/wait_s", "rollout/reward_mean", "rollout/episodes_completed",
-                "throughput/episodes_per_s", "env/arithmetic/completed", "system/orchestrator/paused",
-                "system/gateway/samples_written_total", "system/trainer/steps_total",
+    for key in ("train/loss", "train/wait_s", "rollout/reward_mean", "off_policy/mismatch_kl",
+                "env/arithmetic/off_policy/ess_fraction", "env/arithmetic/rollout/reward_mean",  # trainer records
+                "rollout/episodes_completed", "throughput/episodes_per_s", "env/arithmetic/completed",
+                "system/orchestrator/paused",  # orchestrator records
+                "system/gateway/samples_written_total", "system/trainer/steps_total",  # each service's /metrics
                 "system/engine/engine-0/prompt_tokens_total", "env/arithmetic/orchestrator/reward_mean",
-                "env/arithmetic/service/reward_mean"):  # the stream's, then each service's /metrics
+                "env/arithmetic/service/reward_mean"):
         assert key in keys, (key, sorted(keys))
     config = run.config()
     assert config["total_steps"] == 4 and config["wandb"]["project"] == "e2e"
