@@ -7,7 +7,7 @@ Each value gets a panel key: `system/gateway/<name>`, `system/orchestrator/<name
 services, replicas summed) or `env/<env>/orchestrator/<name>` (an orchestrator metric of one env).
 <name> is the metric's name without its component prefix, then one `/<label>=<value>` per label
 (`system/gateway/turns_total/api=chat/finish_reason=stop`); counters keep `_total`, a histogram is
-`<name>_count` and `<name>_mean` (its _sum / _count).
+`<name>_count` and `<name>_mean` (its _sum / _count), the labels after them.
 """
 
 from __future__ import annotations
