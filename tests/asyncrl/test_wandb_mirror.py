@@ -204,7 +204,7 @@ def test_every_setting_reaches_the_offline_run_and_a_resume_continues_it(tmp_pat
     run = first.run
     assert (run["project"], run["entity"], run["run_group"], run["tags"], run["display_name"]) == (
         "p-varied", "e-varied", "g-varied", ["t1", "t2"], "n-varied")
-    assert run["run_id"] == mirror.run_id and first.exit_code == 0
+    assert run["run_id"] == mirror.run_id and first.exit_code == 0 and run["telemetry"]["feature"]["offline"]
     assert first.config() == {"total_steps": 4, "trainer": {"lr": 0.5}}
     assert first.steps == [1, 2]  # the orchestrator's first record merged into step 1's row
     assert {"train/loss", "rollout/reward_mean", "train/wait_s", "off_policy/ratio_mean", "rollout/episodes_completed",
@@ -235,6 +235,15 @@ def test_a_new_run_dir_is_a_new_wandb_run_under_the_run_dir(tmp_path):
     assert one.run_id != two.run_id
     (run,) = read_offline_runs(tmp_path / "one" / "wandb")  # dir None: <run_dir>/wandb
     assert (run.run["display_name"], run.run["project"], run.history) == ("one", "asyncrl", [])
+
+
+def test_online_mode_reaches_wandb_and_fails_at_once_without_credentials(tmp_path, monkeypatch):
+    """wandb.init's mode wins over $WANDB_MODE (offline here): without a key it refuses before any request."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # were a request made: nothing listens there
+    with pytest.raises(wandb.errors.UsageError, match="No API key configured"):
+        WandbMirror(WandbConfig(enabled=True, mode="online"), "run", tmp_path / "run", {})
 
 
 def test_auto_mode_is_online_only_with_credentials(tmp_path, monkeypatch):
