@@ -32,6 +32,10 @@ from gateway.errors import error_body, error_reply, install_error_handlers
 log = logging.getLogger("gateway.server")
 
 TOKEN_ENV = "ASYNCRL_GATEWAY_TOKEN"
+OPEN_PATHS = ("/health", "/metrics")
+"""What a prober reaches without the token, as at every other asyncrl service and SGLang's --api-key: the
+launcher's supervisor probes /health without one (a guarded /health kept a run with gateway.auth_token from
+ever starting)."""
 CLIENT_KEEP_ALIVE_S = 75.0
 """Agents pause between turns (tool calls): keep their connections open across the pause."""
 FLAG_NAMES = {"engine_urls": "--engine", "run_name": "--run"}
@@ -49,7 +53,8 @@ def build_app(cfg: GatewayConfig, template: GlmChatTemplate, store: Optional[Sto
 
     app = FastAPI(title="asyncrl TITO gateway", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, auth_token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes,
-                       error_body=error_body, also_authorized=gateway.sessions.session_credential_opens)
+                       error_body=error_body, open_prefixes=OPEN_PATHS,
+                       also_authorized=gateway.sessions.session_credential_opens)
     install_error_handlers(app)
     install_metrics(app, gateway.metrics.registry)
     install_server_info(app, cfg)

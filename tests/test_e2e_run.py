@@ -153,7 +153,9 @@ def test_run_survives_a_redis_stall_longer_than_the_command_timeout(tmp_path):
 WANDB_RUN = ("async", "tensor")
 """The one of these runs that also logs to W&B, offline, read back with W&B's own reader."""
 WANDB_OVERRIDES = ("wandb.enabled=true", "wandb.mode=offline", "wandb.project=e2e", "wandb.group=push",
-                   "wandb.tags=[e2e,tensor]", "orchestrator.auth_token=orch-secret")
+                   "wandb.tags=[e2e,tensor]", "orchestrator.auth_token=orch-secret", "gateway.auth_token=gw-secret")
+"""The W&B run also has the orchestrator's and the gateway's tokens set: a run with them starts, trains and is
+scraped (a guarded gateway /health once kept such a run from starting)."""
 """The orchestrator's token: the scrape lists the env services through its /v1/envs with it, and no secret
 may reach the logged config."""
 
@@ -214,6 +216,7 @@ def check_wandb_run(run_dir: Path, name: str) -> None:
     assert config["total_steps"] == 4 and config["wandb"]["project"] == "e2e"
     assert config["envs"]["services"]["arithmetic"]["target"] == "envs.tasks.ArithmeticEnv"  # nested sections too
     assert "orch-secret" not in json.dumps(config) and "auth_token" not in config["orchestrator"]
+    assert "gw-secret" not in json.dumps(config)
 
 
 async def _weights(url: str, run: str):

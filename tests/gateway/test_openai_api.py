@@ -103,10 +103,12 @@ async def test_bad_requests_get_clear_4xx(scripted_gateway, scripted_client, ope
 
 async def test_bearer_token_guards_every_route(random_gateway, openai_client):
     async with httpx.AsyncClient(base_url=random_gateway.url) as anonymous:
-        for method, path in [("GET", "/health"), ("GET", "/metrics"), ("POST", "/sessions"), ("GET", "/engines"),
-                             ("GET", "/v1/models"), ("POST", "/sessions/x/finish")]:
+        for method, path in [("POST", "/sessions"), ("GET", "/engines"), ("GET", "/v1/models"),
+                             ("POST", "/sessions/x/finish"), ("GET", "/server_info")]:
             r = await anonymous.request(method, path)
             assert r.status_code == 401 and "bearer token" in error_message(r), path
+        for path in ("/health", "/metrics"):  # open to probers, as at every service (the supervisor probes /health)
+            assert (await anonymous.get(path)).status_code == 200, path
         wrong = await anonymous.post("/sessions", json={}, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
         ok = await anonymous.post("/sessions", json={}, headers={"Authorization": f"Bearer {AUTH_TOKEN}"})
