@@ -12,10 +12,8 @@ back from each run's metrics stream. docs/run.md "Off-policy health" quotes the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,8 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
-from asyncrl.store import Store  # noqa: E402
+from scripts.demo_report import read_run  # noqa: E402
 
 RUNS = {"healthy (lr 1e-4)": [], "too hot (lr 3e-3)": ["trainer.lr=3e-3"]}
 COLUMNS = {"reward_mean": "reward", "off_policy/mismatch_kl": "mismatch KL",
@@ -34,23 +31,12 @@ COLUMNS = {"reward_mean": "reward", "off_policy/mismatch_kl": "mismatch KL",
            "off_policy/entropy": "entropy", "staleness_mean": "staleness", "rollout/response_len_mean": "response len"}
 
 
-async def trainer_records(url: str, run: str) -> list[dict[str, float]]:
-    store = Store.connect(url, run)
-    try:
-        return [values for _, source, values in await store.read_metrics(count=100_000) if source == "trainer"]
-    finally:
-        await store.close()
-
-
 def run(name: str, overrides: list[str], steps: int, workdir: Path) -> list[dict[str, float]]:
     run_dir = workdir / name
     subprocess.run([sys.executable, "-m", "asyncrl.train", "experiment=tiny_demo", f"name={name}",
                     f"run_dir={run_dir}", f"total_steps={steps}", *overrides], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with tempfile.TemporaryDirectory() as copy:
-        shutil.copytree(run_dir / "redis", copy, dirs_exist_ok=True)
-        with EmbeddedRedis(copy) as server:
-            return asyncio.run(trainer_records(server.url, name))
+    return read_run(run_dir, name)
 
 
 def table(records: list[dict[str, float]]) -> list[str]:

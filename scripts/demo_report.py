@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl.redis_server import replay_copy  # noqa: E402
 from asyncrl.store import Store  # noqa: E402
 
 
@@ -32,11 +30,10 @@ async def trainer_records(url: str, run: str) -> list[dict[str, float]]:
         await store.close()
 
 
-def read_run(run_dir: Path) -> list[dict[str, float]]:
-    with tempfile.TemporaryDirectory() as copy:  # never touch the run's own files
-        shutil.copytree(run_dir / "redis", copy, dirs_exist_ok=True)
-        with EmbeddedRedis(copy) as server:
-            return asyncio.run(trainer_records(server.url, run_dir.name))
+def read_run(run_dir: Path, run: str | None = None) -> list[dict[str, float]]:
+    """The trainer records of a finished run (named `run`, default the run dir's name), from a copy of its Redis data."""
+    with replay_copy(run_dir / "redis") as server:  # never touch the run's own files
+        return asyncio.run(trainer_records(server.url, run or run_dir.name))
 
 
 def staleness_histogram(records: list[dict[str, float]]) -> dict[int, float]:
