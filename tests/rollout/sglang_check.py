@@ -184,6 +184,57 @@ def meta_info_written() -> list[str]:
     return sorted(keys)
 
 
+def launch_server_parser() -> str | None:
+    """The function `python -m sglang.launch_server` builds its ServerArgs with, if it is prepare_server_args."""
+    for node in ast.walk(_tree("sglang/launch_server.py")):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "prepare_server_args":
+            return "prepare_server_args"
+    return None
+
+
+def option_strings() -> list[str]:
+    """Every option string of SGLang's server parser, as prepare_server_args builds it."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return sorted(o for o in parser._option_string_actions if o.startswith("--"))
+
+
+def deterministic_facts() -> dict:
+    """SGLang's rule for --enable-deterministic-inference: the attention backends it allows for absorbed-MLA
+    models, and those models' architectures (the string lists of attention_hook.handle_deterministic_inference)."""
+    from sglang.srt.arg_groups.choices import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND
+
+    archs = set()
+    for fn in ast.walk(_tree("sglang/srt/arg_groups/attention_hook.py")):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "handle_deterministic_inference":
+            archs |= {_const(e) for node in ast.walk(fn) if isinstance(node, ast.List) for e in node.elts
+                      if isinstance(_const(e), str)}
+    return {"backends": list(RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND), "absorbed_mla_architectures": sorted(archs)}
+
+
+def tensor_load_formats() -> list:
+    """The load_format values SGLang's update_weights_from_tensor takes (weight_updater.py: the constants it
+    compares load_format with, None included; anything else is a NotImplementedError unless it is one of the
+    server's --custom-weight-loader)."""
+    formats = set()
+    for fn in ast.walk(_tree("sglang/srt/model_executor/model_runner_components/weight_updater.py")):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "update_weights_from_tensor":
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "load_format":
+                    formats |= {_const(c) for c in node.comparators if isinstance(c, ast.Constant)}
+    return sorted(formats, key=str)
+
+
+def environment_variables() -> list[str]:
+    from sglang.srt.environ import Envs
+
+    return sorted(name for name in vars(Envs) if name.startswith("SGLANG_"))
+
+
 # Judging -------------------------------------------------------------------------------------------------------
 
 def _plain(value):
@@ -249,6 +300,13 @@ def _pydantic_check(cls, body: dict) -> None:
     TypeAdapter(cls).validate_python(body)
 
 
+class _ByteTokenizer:
+    """Stands in for the checkpoint's tokenizer: normalize() only measures stop strings with it."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
 def _check_sampling(obj, vocab_size: int) -> None:
     """What the tokenizer manager does with each request's sampling params (tokenizer_manager.py,
     _create_tokenized_object): SamplingParams(**params) (an unknown key is a TypeError), normalize, verify."""
@@ -257,7 +315,7 @@ def _check_sampling(obj, vocab_size: int) -> None:
     params = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params]
     for p in params:
         sp = SamplingParams(**(p or {}))
-        sp.normalize(None)
+        sp.normalize(_ByteTokenizer())  # the launcher does not pass --skip-tokenizer-init: SGLang has a tokenizer
         sp.verify(vocab_size)
 
 
@@ -272,7 +330,10 @@ def main() -> None:
         "requests": {key: check_request(r, table, job.get("vocab_size", 1 << 20))
                      for key, r in job.get("requests", {}).items()},
         "sglang": {"version": sglang.__version__, "routes": table,
-                   "meta_info_required_reads": meta_info_required_reads(), "meta_info_written": meta_info_written()},
+                   "meta_info_required_reads": meta_info_required_reads(), "meta_info_written": meta_info_written(),
+                   "launch_server_parses_with": launch_server_parser(), "option_strings": option_strings(),
+                   "deterministic": deterministic_facts(), "environment_variables": environment_variables(),
+                   "tensor_load_formats": tensor_load_formats()},
     }
     sys.stdout.write(json.dumps(answer))
 

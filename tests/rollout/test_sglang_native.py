@@ -383,3 +383,21 @@ def test_the_client_reads_a_stream_as_sglang_sends_it(verdicts):
     done = stream.add(last)
     assert done.output_ids == [5, 6] and [e[0] for e in done.meta_info.output_token_logprobs] == [-0.5, -0.25]
     assert done.meta_info.e2e_latency == 0.3
+
+
+def test_a_run_refuses_weight_pushes_sglang_cannot_take(verdicts):
+    """The `tensor` method's load_format is asyncrl's own (the built-in engine's CPU-safe payload), which SGLang's
+    update_weights_from_tensor refuses; and `distributed` needs SGLang's key space. The run refuses both up front."""
+    from asyncrl.config import RunConfig, TrainerConfig, WeightPushConfig
+    from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT
+
+    assert TENSOR_LOAD_FORMAT not in verdicts["sglang"]["tensor_load_formats"]
+    assert None in verdicts["sglang"]["tensor_load_formats"]
+    sglang = RolloutConfig(backend="sglang")
+    for push in (WeightPushConfig(method="tensor"), WeightPushConfig(method="distributed")):
+        with pytest.raises(ValueError, match="rollout.backend=sglang"):
+            RunConfig(rollout=sglang, trainer=TrainerConfig(weight_push=push))
+    RunConfig(rollout=sglang, trainer=TrainerConfig(weight_push=WeightPushConfig(method="distributed",
+                                                                               engine_kind="sglang")))
+    RunConfig(rollout=sglang)  # disk
+    RunConfig(trainer=TrainerConfig(weight_push=WeightPushConfig(method="tensor")))  # the built-in engine takes it
