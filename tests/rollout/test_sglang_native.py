@@ -25,10 +25,18 @@ tests/rollout/sglang_check.py, run by .venv-sglang's interpreter, which judges t
 (c) a real built-in engine (tests/rollout/conftest.py's `engine`) answers with what SGLang's clients read: the
     meta_info keys SGLang's OpenAI layer reads by subscript, the /model_info keys of SGLang's handler, the
     weight-update reply keys; and it invents no meta_info key SGLang does not write. Key names come from SGLang's
-    source (read by sglang_check.py), not from a hand list.
+    source (read by sglang_check.py), not from a hand list; and the engine client reads a stream shaped as
+    SGLang's (weight_versions and e2e_latency on the finishing event only).
+Also from SGLang's source: its deterministic-inference rule that SGLangBackend.check_available mirrors, and the
+update_weights_from_tensor load formats it takes (not asyncrl's: a run with rollout.backend=sglang refuses
+weight_push.method=tensor, and distributed without engine_kind=sglang).
+
+Proved to bite: misspelling --dsa-topk-backend in rollout/backends.py fails every command-line case with SGLang's
+"unrecognized arguments"; sending "return_logprobs" from asyncrl/engine_client.py fails every /generate case with
+GenerateReqInput's TypeError.
 
 Runs in `make test` (which builds .venv-sglang first); never skipped. Cost: the venv once (~80 s, torch from the
-local wheel), then ~10 s (one checker run for (a) and (b), one engine for (c)).
+local wheel), then ~18 s on 2 busy cores (one checker run, ~10 s of it SGLang's imports; one engine for (c)).
 """
 
 from __future__ import annotations
