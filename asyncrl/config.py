@@ -662,6 +662,16 @@ class RunConfig:
     """Weights & Biases logging of the run's metrics (WandbConfig)."""
 
     def __post_init__(self) -> None:
+        push = self.trainer.weight_push
+        if self.rollout.backend == "sglang" and push.method == "tensor":
+            raise ValueError("weight_push.method=tensor sends asyncrl's CPU-safe load_format (asyncrl_safetensors_b64), "
+                             "which SGLang 0.5.23's /update_weights_from_tensor refuses (Unknown load_format: it takes "
+                             "CUDA IPC handles of a process on its node); with rollout.backend=sglang use `disk` or "
+                             "`distributed` (weight_push.engine_kind=sglang)")
+        if self.rollout.backend == "sglang" and push.method == "distributed" and push.engine_kind != "sglang":
+            raise ValueError("weight_push.method=distributed with rollout.backend=sglang needs "
+                             "weight_push.engine_kind=sglang: SGLang joins the broadcast group under its own key space "
+                             f"(init_custom_process_group), not the built-in engine's ({push.engine_kind!r})")
         if self.orchestrator.sessions == "endpoint":
             raise ValueError("orchestrator.sessions=endpoint records no trajectories, so a training run would never "
                              "step: use `gateway` (the default) or the import path of a SessionProvider that records "

@@ -52,13 +52,13 @@ class EngineControl:
                 scheduler.retract_all()
             scheduler.paused = True
         await self._on_engine(pause)
-        return StatusResponse()
+        return StatusResponse(message="Generation paused successfully.")
 
     async def resume(self) -> StatusResponse:
         def resume() -> None:
             self.engine.scheduler.paused = False
         await self._on_engine(resume)
-        return StatusResponse()
+        return StatusResponse(message="Generation continued successfully.")
 
     async def update_weight_version(self, body: UpdateWeightVersionRequest) -> UpdateWeightVersionResponse:
         scheduler = self.engine.scheduler

@@ -16,6 +16,7 @@ import random
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,6 +96,8 @@ class _Command:
 class Engine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
+        self.startup_time = time.time()
+        """Reported by /get_server_info, as SGLang's (wall-clock seconds)."""
         torch.set_num_threads(args.num_threads)
         self.model = load_pretrained(args.model_path, dtype_from_name(args.dtype)).eval()
         self.config = self.model.config
@@ -305,13 +308,17 @@ class Engine:
         return {**args, "context_length": self.context_length, "version": VERSION,
                 "weight_version": self.weight_version, "max_total_num_tokens": self.args.max_total_tokens,
                 "kv_cache_bytes_per_token": self.kv_bytes_per_token, "pid": os.getpid(),
-                "memory_released": sorted(self.released)}
+                "memory_released": sorted(self.released), "startup_time": self.startup_time,
+                "frontend": "python"}  # SGLang's: which of its servers answers (python, not the Rust one)
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
                 "is_generation": True, "preferred_sampling_params": None, "weight_version": self.weight_version,
                 "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
-                "served_model_name": self.args.served_model_name}
+                "served_model_name": self.args.served_model_name,
+                # the rest of SGLang's /model_info keys, at its defaults for a text-only model served alone
+                "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+                "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False}
 
 
 def _draft_tokens(args: EngineArgs, mtp_layers: int) -> int:

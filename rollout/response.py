@@ -121,6 +121,9 @@ def response_body(req: Req, tokenizer: Tokenizer, current_version: str, view: Op
     if item.return_logprob:
         input_part, input_top = view.input_logprobs()
         meta["output_token_logprobs"], meta["input_token_logprobs"] = view.logprobs, input_part
+        # SGLang's: entries so far, also in an incremental event (whose list has the new ones only); SGLang's
+        # streamed OpenAI layer reads it to slice the new entries off
+        meta["output_token_logprobs_length"] = len(view.logprobs)
         if item.top_logprobs_num > 0:
             meta["output_top_logprobs"], meta["input_top_logprobs"] = view.top_logprobs, input_top
     if item.return_routed_experts and finish is not None:  # as SGLang: on the final body only

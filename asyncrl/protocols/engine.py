@@ -186,12 +186,15 @@ class MetaInfo(BaseModel):
     completion_tokens: int
     cached_tokens: int
     weight_version: str
-    weight_versions: list[WeightVersionSpan]
-    e2e_latency: float
+    weight_versions: list[WeightVersionSpan] = Field(default_factory=list)
+    """SGLang 0.5.23 sends them (and e2e_latency) on a request's finishing event only; none: all weight_version."""
+    e2e_latency: float = 0.0
     input_token_logprobs: Optional[list[LogprobEntry]] = None
     output_token_logprobs: Optional[list[LogprobEntry]] = None
     input_top_logprobs: Optional[list[Optional[list[LogprobEntry]]]] = None
     output_top_logprobs: Optional[list[list[LogprobEntry]]] = None
+    output_token_logprobs_length: Optional[int] = None
+    """SGLang's: output log-prob entries so far (an incremental stream event's list holds the new ones only)."""
     routed_experts: Optional[str] = None
     """base64 of int32 [prompt + output tokens - 1, layers, num_experts_per_tok]
     (asyncrl.engine_response.routed_experts decodes it)."""
@@ -311,6 +314,8 @@ class AbortResponse(BaseModel):
 
 
 class StatusResponse(BaseModel):
+    message: str = ""
+    """SGLang's: "Generation paused successfully." / "Generation continued successfully."."""
     status: str = "ok"
 
 
