@@ -142,7 +142,7 @@ async def test_a_session_credential_opens_its_own_model_routes_only(random_clien
         refused = [("POST", f"/sessions/{osid}/v1/chat/completions"), ("POST", f"/sessions/{osid}/generate"),
                    ("GET", f"/sessions/{osid}/v1/models"), ("POST", f"/sessions/{sid}/finish"),
                    ("GET", f"/sessions/{sid}"), ("DELETE", f"/sessions/{sid}"), ("POST", "/sessions"),
-                   ("GET", "/engines"), ("POST", "/engines"), ("GET", "/v1/models"), ("GET", "/health")]
+                   ("GET", "/engines"), ("POST", "/engines"), ("GET", "/v1/models"), ("GET", "/server_info")]
         for method, path in refused:
             r = await http.request(method, path, json={"messages": USER, "input_ids": [5]})
             assert r.status_code == 401, (method, path, r.text)
