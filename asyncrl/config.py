@@ -553,6 +553,44 @@ class RayConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Ray custom resources each actor of a component asks for, so Ray starts it on a node that offers them
+    (`ray start --resources='{"rollout_node": 64}'`), next to the CPUs / GPUs it reserves. Empty: anywhere
+    Ray likes (the launcher's node first). Example: engines and env services on the rollout nodes, the rest
+    on the head: `cluster.placement.engines={rollout_node: 1} cluster.placement.envs={rollout_node: 1}`."""
+
+    engines: dict[str, float] = field(default_factory=dict)
+    """Each engine actor (rollout.num_engines of them)."""
+    gateway: dict[str, float] = field(default_factory=dict)
+    """The gateway's actor (next to the engines saves a hop; next to the env services, theirs)."""
+    orchestrator: dict[str, float] = field(default_factory=dict)
+    """The orchestrator's actor."""
+    envs: dict[str, float] = field(default_factory=dict)
+    """Each replica of every env service."""
+    trainer: dict[str, float] = field(default_factory=dict)
+    """The trainer actor: its node holds the run's checkpoints, weight snapshots and final weights."""
+
+
+@dataclass
+class ClusterConfig:
+    """A run whose Ray cluster spans hosts (docs/run.md "A run across hosts")."""
+
+    host: Optional[str] = None
+    """Interface every service of the run binds: the engines, the gateway, the orchestrator, the env services,
+    the embedded Redis, the trainer's /metrics. None: each its own (gateway.host, orchestrator.host,
+    trainer.metrics_host; the others 127.0.0.1), so a one-machine run stays on loopback. 0.0.0.0 for a run
+    across hosts: each service then publishes its node's address (Ray's node IP) as its URL."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Which nodes each component runs on (PlacementConfig)."""
+    shared_fs: bool = False
+    """The run dir is on a filesystem every node mounts at the same path (NFS, Lustre). False, on a cluster
+    of more than one node: nothing assumes another node can read the launcher's or the trainer's files. The
+    initial weights travel to the engines' and the trainer's nodes through Ray's object store, a restarting
+    engine fetches the newest weight snapshot from the trainer actor, and weight_push.method=disk (which
+    hands the engines a path on the trainer's disk) is refused at start."""
+
+
+@dataclass
 class ComponentsConfig:
     """What the launcher starts; replace one to plug in another implementation. Classes and functions are
     import paths (asyncrl/plugins.py: `package.module:Name` or `package.module.Name`); services are modules."""
@@ -636,6 +674,8 @@ class RunConfig:
     """The run's Redis (RedisConfig)."""
     ray: RayConfig = field(default_factory=RayConfig)
     """The Ray cluster the run uses (RayConfig)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Addresses, placement and filesystem of a run across hosts (ClusterConfig)."""
     model: ModelSection = field(default_factory=ModelSection)
     """The model every component loads (ModelSection)."""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -758,6 +798,8 @@ def register_configs() -> None:
     run, envs = OmegaConf.structured(RunConfig), OmegaConf.structured(EnvsConfig)
     for services in (run.envs.services, envs.services):  # new env names and fields may be added (EnvsConfig)
         OmegaConf.set_struct(services, False)
+    for component in fields(PlacementConfig):  # `cluster.placement.engines={rollout_node: 1}` names a new resource
+        OmegaConf.set_struct(run.cluster.placement[component.name], False)
     cs.store(name="run_schema", node=run)
     for group, node in [("model", ModelSection), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
                         ("envs", envs)]:

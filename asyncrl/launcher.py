@@ -1,7 +1,7 @@
 """Runs one RL job from a composed RunConfig: Redis, Ray, engines, gateway, orchestrator, env
 services and the trainer, wired by URL, until `total_steps`; then a clean shutdown.
 
-    embedded Redis (when no redis.url) -> Ray (join or start) -> initial weights (+ warm-up)
+    Ray (join or start) -> embedded Redis (when no redis.url) -> initial weights (+ warm-up)
       -> trainer actor (built while the rest starts) -> engines (Ray actors) -> gateway -> orchestrator
       -> env services -> trainer.run(total_steps)
 
@@ -9,7 +9,10 @@ Components are named by import path in `cfg.components` and imported only here, 
 never imports a component statically). Services run as supervised processes inside Ray actors
 (asyncrl.supervisor), so a crashed service is restarted and a killed actor is recreated by Ray.
 Each service gets its resolved config section as `--config <run_dir>/config/<name>.json` (secrets by
-environment variable; docs/run.md "One config path into every service").
+environment variable; docs/run.md "One config path into every service"), carried by its actor to the
+node it runs on. Across hosts (cfg.cluster, docs/run.md "A run across hosts") every service binds
+cluster.host and publishes its node's address, each component's actors go where cluster.placement
+says, and nothing assumes a shared disk unless cluster.shared_fs says so.
 The launcher exits 0 when the trainer reaches total_steps, or non-zero with a message naming the
 component that failed.
 """
@@ -30,6 +33,7 @@ from redis.exceptions import RedisError
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
                             TrainerConfig, section_data, write_section)
+from asyncrl.node_files import pack_dir
 from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
@@ -103,10 +107,10 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
         job: Optional[Job] = None
         interrupted = True
         try:
+            _start_ray(cfg, stack)  # first: the embedded Redis of a run across hosts publishes the node's address
+            signals.install()
             redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
             (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
-            _start_ray(cfg, stack)
-            signals.install()
             job = Job(cfg, run_dir, redis_url)
             job.start()
             job.wait()
@@ -174,7 +178,7 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
 
 def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> str:
     server = EmbeddedRedis(cfg.redis.data_dir or run_dir / "redis", aof=cfg.redis.aof,
-                           appendfsync=cfg.redis.appendfsync).start()
+                           appendfsync=cfg.redis.appendfsync, host=cfg.cluster.host or "127.0.0.1").start()
     stack.callback(server.stop)
     log.info("embedded redis-server at %s (AOF %s, appendfsync %s, data in %s)", server.url, cfg.redis.aof,
              cfg.redis.appendfsync, server.data_dir)
@@ -215,6 +219,8 @@ class Job:
         self.wandb: Optional[WandbMirror] = None
         """The W&B run (wandb.enabled); the collector closes it, or shutdown when no collector started."""
         self.resumed_from = 0
+        self.shipped_weights: Optional[list] = None
+        """[ObjectRef] of the initial weights, on a cluster of several nodes without a shared filesystem."""
         self.started_at = time.time()
         """Unix time the launch began (also the `services` hash's started_at: `asyncrl watch`'s elapsed time)."""
         self.training_started = time.monotonic()
@@ -224,11 +230,16 @@ class Job:
         cfg = self.cfg
         for env in cfg.envs.services.values():
             self._guard(f"env service {env.name}", lambda: env_interpreter(env))  # a wrong path fails before any start
+        multi_node = self._guard("cluster", self._check_cluster)
         model_path = self._initial_weights()
+        if multi_node and not cfg.cluster.shared_fs:
+            self._ship_weights(model_path)
         # Ray builds the trainer (worker, torch, model, checkpoint: seconds) while the services start up;
         # it begins training once they serve.
         self._guard("trainer", lambda: self._create_trainer(model_path))
-        if (self.run_dir / "checkpoints").is_dir() and self._announce_resume() >= cfg.total_steps:
+        # The checkpoints are on the trainer's node: with no shared disk, only the trainer can say (it waits for it)
+        may_resume = (self.run_dir / "checkpoints").is_dir() or self.shipped_weights is not None
+        if may_resume and self._announce_resume() >= cfg.total_steps:
             return  # nothing to train: wait() returns at once, the summary says what the run did
         if cfg.wandb.enabled:  # before the services: a W&B that cannot log in fails the run in seconds
             self.wandb = self._guard("wandb", self._start_wandb)
@@ -261,6 +272,8 @@ class Job:
         import ray
 
         step = self._guard("trainer", lambda: ray.get(self.trainer.resumed_from.remote(), timeout=600))
+        if step == 0:  # a fresh start
+            return 0
         unacked, unread = store_call(self.redis_url, self.cfg.name, _group_counts)
         if step >= self.cfg.total_steps:
             log.info("run %s already finished %d steps (checkpoint step %d): nothing to train; raise "
@@ -297,22 +310,59 @@ class Job:
             save_pretrained(Glm5ForCausalLM.from_config(cfg.model.arch, seed=cfg.seed), out)
         return str(out)
 
+    def _check_cluster(self) -> bool:
+        """-> whether the Ray cluster has several nodes. There, refuse services on loopback and, without a shared
+        filesystem, a disk push (engines on other nodes cannot read the trainer's snapshots)."""
+        import ray
+
+        cluster = self.cfg.cluster
+        nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+        if len(nodes) < 2:
+            return False
+        if cluster.host is None:
+            raise ValueError(f"this Ray cluster has {len(nodes)} nodes ({', '.join(nodes)}), and with cluster.host "
+                             "unset every service binds 127.0.0.1, which the other nodes cannot reach: set "
+                             "cluster.host=0.0.0.0 (or cluster.host=127.0.0.1 if cluster.placement keeps the whole "
+                             "run on one node)")
+        if self.cfg.trainer.weight_push.method == "disk" and not cluster.shared_fs:
+            raise ValueError("trainer.weight_push.method=disk hands the engines a path on the trainer's disk, and "
+                             f"this Ray cluster has {len(nodes)} nodes ({', '.join(nodes)}) that do not share one "
+                             "(cluster.shared_fs=false): use trainer.weight_push.method=tensor (over HTTP) or "
+                             "distributed (a broadcast group), or set cluster.shared_fs=true if the run dir "
+                             f"({self.run_dir}) is on a filesystem every node mounts at that path")
+        log.info("Ray cluster of %d nodes: %s; services bind %s", len(nodes), ", ".join(nodes), cluster.host)
+        return True
+
+    def _ship_weights(self, model_path: str) -> None:
+        """The initial weights into Ray's object store, for the engine and trainer nodes that lack this disk."""
+        import ray
+
+        if not Path(model_path).is_dir():  # not a local checkpoint (a hub id): each engine resolves it itself
+            return
+        self.shipped_weights = [ray.put(pack_dir(model_path))]
+        log.info("no shared filesystem: the initial weights %s travel to the engines' and the trainer's nodes "
+                 "through Ray's object store", model_path)
+
     def _start_engines(self, model_path: str) -> None:
         tokenizer = None if self.cfg.model.tokenizer.startswith("builtin:") else self.cfg.model.tokenizer
         self.engines = load_object(self.cfg.components.engine_group)(
             self.cfg.rollout, model_path, self.redis_url, self.cfg.name, str(self.run_dir / "engines"),
-            self.cfg.seed, tokenizer)
+            self.cfg.seed, tokenizer, **_set_only(bind_host=self.cfg.cluster.host,
+                                                  resources=self.cfg.cluster.placement.engines,
+                                                  shipped_weights=self.shipped_weights))
         self.engines.urls()
 
-    def _service(self, name: str, module: str, args: list[str], env: Optional[dict[str, str]] = None,
-                 port: int = 0, python: Optional[str] = None) -> str:
-        """A supervised `python -m module args` in a Ray actor, bound to `port` (0: a free one) -> its URL;
-        `python`: another interpreter than the run's."""
+    def _service(self, name: str, module: str, args: list[str], resources: dict[str, float],
+                 env: Optional[dict[str, str]] = None, port: int = 0, python: Optional[str] = None) -> str:
+        """A supervised `python -m module args` in a Ray actor on a node with `resources` (cluster.placement),
+        bound to `port` (0: a free one) -> its URL; `python`: another interpreter than the run's. Its config
+        file travels with the actor (its node may not share this disk)."""
         import ray
 
-        actor = ray.remote(ServiceActor).options(name=f"{self.cfg.name}-{name}", num_cpus=0, max_restarts=-1,
-                                                 max_task_retries=3, max_concurrency=4)
-        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env, port, python)
+        actor = ray.remote(ServiceActor).options(name=f"{self.cfg.name}-{name}", num_cpus=0, resources=dict(resources),
+                                                 max_restarts=-1, max_task_retries=3, max_concurrency=4)
+        handle = actor.remote(name, module, args, str(self.run_dir / "services"), env, port, python,
+                              config_files(args))
         self.services[name] = handle
         return ray.get(handle.url.remote(), timeout=300)
 
@@ -320,7 +370,8 @@ class Job:
         args = write_config(self.run_dir, "gateway", gateway_section(self.cfg, self.redis_url, self.engines.urls()))
         env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token),
                **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
-        return self._service("gateway", self.cfg.components.gateway, args, env, self.cfg.gateway.port)
+        return self._service("gateway", self.cfg.components.gateway, args, self.cfg.cluster.placement.gateway, env,
+                             self.cfg.gateway.port)
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg
@@ -328,7 +379,8 @@ class Job:
                **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token),
                **_token_env(SERVICE_TOKEN_ENV, cfg.envs.auth_token)}
         args = write_config(self.run_dir, "orchestrator", orchestrator_section(cfg, self.redis_url, gateway))
-        return self._service("orchestrator", cfg.components.orchestrator, args, env, cfg.orchestrator.port)
+        return self._service("orchestrator", cfg.components.orchestrator, args, cfg.cluster.placement.orchestrator,
+                             env, cfg.orchestrator.port)
 
     def _start_env(self, env: EnvServiceConfig, replica: int, orchestrator: Optional[str]) -> str:
         """One replica of an env service, from its section (<run_dir>/config/env-<name>.json); it registers
@@ -340,7 +392,8 @@ class Job:
                         "the service's user, with network access and its files (the service's log says whether it "
                         "does); set envs.services.%s.sandbox=namespace to isolate them", env.name, env.target, env.name)
         return self._service(f"env-{env.name}-{replica}", self.cfg.components.env_service,
-                             env_service_args(self.run_dir, env, orchestrator),
+                             env_service_args(self.run_dir, env, orchestrator, self.cfg.cluster.host),
+                             self.cfg.cluster.placement.envs,
                              {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", self.cfg.orchestrator.auth_token),
                               **_token_env(SERVICE_TOKEN_ENV, self.cfg.envs.auth_token)},
                              python=env_interpreter(env))
@@ -353,10 +406,12 @@ class Job:
         model = replace(cfg.model, path=model_path)
         actor = ray.remote(load_object(cfg.components.trainer)).options(
             name=f"{cfg.name}-trainer", num_cpus=cfg.trainer_resources.num_cpus,
-            num_gpus=cfg.trainer_resources.num_gpus, max_concurrency=4, max_restarts=cfg.trainer_restarts)
+            num_gpus=cfg.trainer_resources.num_gpus, resources=dict(cfg.cluster.placement.trainer), max_concurrency=4,
+            max_restarts=cfg.trainer_restarts)
         self.trainer = actor.remote(trainer_cfg, model, self.redis_url, cfg.name, str(self.run_dir), cfg.seed,
                                     retention_groups=cfg.redis.retention_groups,
-                                    log_file=str(self.run_dir / "trainer.log"))
+                                    log_file=str(self.run_dir / "trainer.log"),
+                                    **_set_only(shipped_weights=self.shipped_weights))
 
     def _start_training(self) -> None:
         self.training = self.trainer.run.remote(self.cfg.total_steps)
@@ -568,7 +623,8 @@ def _stream_time(stream_id: str) -> float:
 def gateway_section(cfg: RunConfig, redis_url: str, engine_urls: list[str]) -> GatewayConfig:
     """The gateway's resolved section: cfg.gateway with what the run fills in (its Redis and name, the
     engines, which it then follows in Redis, the model's tokenizer unless one is set, routing replay)."""
-    return replace(cfg.gateway, redis_url=redis_url, run_name=cfg.name, engine_urls=list(engine_urls),
+    return replace(cfg.gateway, host=cfg.cluster.host or cfg.gateway.host, redis_url=redis_url, run_name=cfg.name,
+                   engine_urls=list(engine_urls),
                    engines_from_redis=True, tokenizer=cfg.gateway.tokenizer or cfg.model.tokenizer,
                    routing_replay=cfg.rollout.routing_replay)
 
@@ -584,7 +640,8 @@ def orchestrator_section(cfg: RunConfig, redis_url: str, gateway: str) -> Orches
     groups_per_version = cfg.trainer.groups_per_step * cfg.trainer.weight_push.every_k_steps
     # Per-env limits: the orchestrator's maps, and each env service's own setting (which wins for its name).
     envs = cfg.envs.services.values()
-    return replace(o, redis_url=redis_url, run_name=cfg.name, gateway_url=gateway, llm_url=None,
+    return replace(o, host=cfg.cluster.host or o.host, redis_url=redis_url, run_name=cfg.name, gateway_url=gateway,
+                   llm_url=None,
                    seed=cfg.seed, sampling=cfg.rollout.sampling, staleness_limit=staleness,
                    groups_per_step=groups_per_version, wait_for_envs=[e.name for e in envs],
                    max_turns_by_env=_by_env(o.max_turns_by_env, {e.name: e.max_turns for e in envs}),
@@ -607,10 +664,12 @@ def env_interpreter(env: EnvServiceConfig) -> Optional[str]:
     return str(path)
 
 
-def env_service_args(run_dir: Path, env: EnvServiceConfig, orchestrator: Optional[str]) -> list[str]:
-    """An env service's command line (`python -m envs.serve ...`): its section, and the orchestrator it
-    registers with (none: it does not)."""
-    return write_config(run_dir, f"env-{env.name}", env) + (["--orchestrator", orchestrator] if orchestrator else [])
+def env_service_args(run_dir: Path, env: EnvServiceConfig, orchestrator: Optional[str],
+                     host: Optional[str] = None) -> list[str]:
+    """An env service's command line (`python -m envs.serve ...`): its section, the orchestrator it
+    registers with (none: it does not), and the interface it binds (None: loopback, the service's default)."""
+    return (write_config(run_dir, f"env-{env.name}", env) + (["--orchestrator", orchestrator] if orchestrator else [])
+            + (["--host", host] if host else []))
 
 
 def write_config(run_dir: Path, name: str, section: Any) -> list[str]:
@@ -618,15 +677,27 @@ def write_config(run_dir: Path, name: str, section: Any) -> list[str]:
     return ["--config", str(write_section(section, run_dir / "config" / f"{name}.json"))]
 
 
+def config_files(args: list[str]) -> dict[str, str]:
+    """The files a service's argv names after `--config`, by path: what its actor writes on its own node."""
+    return {path: Path(path).read_text() for flag, path in zip(args, args[1:]) if flag == "--config"}
+
+
 def trainer_config(cfg: RunConfig) -> TrainerConfig:
-    """The trainer's config for this run: sync mode's schedule, and the engines' API key for its pushes
+    """The trainer's config for this run: sync mode's schedule, cluster.host, and the engines' API key for its pushes
     (rollout.api_key, else $ASYNCRL_ENGINE_API_KEY, which the built-in engines and the gateway inherit)."""
     trainer_cfg = cfg.trainer
     if cfg.mode == "sync":  # generate a batch, train, push, checkpoint: then the next batch starts
         trainer_cfg = replace(trainer_cfg, checkpoint_every=1,
                               weight_push=replace(trainer_cfg.weight_push, every_k_steps=1))
     api_key = cfg.rollout.api_key or os.environ.get(ENGINE_API_KEY_ENV)
-    return replace(trainer_cfg, weight_push=replace(trainer_cfg.weight_push, engine_api_key=api_key))
+    return replace(trainer_cfg, metrics_host=cfg.cluster.host or trainer_cfg.metrics_host,
+                   weight_push=replace(trainer_cfg.weight_push, engine_api_key=api_key))
+
+
+def _set_only(**options: Any) -> dict[str, Any]:
+    """The options of a run across hosts that are set: a component plugin written for one machine (the engine
+    group, the trainer) is constructed exactly as before, without them."""
+    return {key: value for key, value in options.items() if value}
 
 
 def _token_env(name: str, token: Optional[str]) -> dict[str, str]:

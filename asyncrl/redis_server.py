@@ -19,6 +19,7 @@ from typing import Iterator, Optional
 
 import redis
 
+from asyncrl.network import WILDCARDS, advertised_host
 from asyncrl.process import spawn
 
 
@@ -44,14 +45,16 @@ def find_redis_binary() -> str:
     )
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class EmbeddedRedis:
-    """A redis-server child process on 127.0.0.1 with AOF persistence under `data_dir`.
+    """A redis-server child process on `host` (127.0.0.1 unless the run spans hosts: cluster.host) with AOF
+    persistence under `data_dir`. On another interface than loopback it has no password and protected mode
+    off, like Ray's own GCS: keep the cluster's network private.
 
     `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
     and waits. Restarting on the same `data_dir` reloads every write that reached the AOF: with
@@ -60,23 +63,29 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | Path, port: Optional[int] = None, aof: bool = True,
-                 appendfsync: str = "everysec") -> None:
+                 appendfsync: str = "everysec", host: str = "127.0.0.1") -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.data_dir = Path(data_dir).resolve()
         self.port = port
+        self.host = host
         self.aof = aof
         self.appendfsync = appendfsync
         self.process: Optional[subprocess.Popen] = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{advertised_host(self.host)}:{self.port}/0"
+
+    @property
+    def _local_host(self) -> str:
+        """Where this process reaches the server (loopback for a wildcard bind)."""
+        return "127.0.0.1" if self.host in WILDCARDS else self.host
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(5):  # a port picked free can be taken before redis binds it: retry
-            self.port = self.port or _free_port()
+            self.port = self.port or _free_port(self.host)
             # Its own session: a terminal's Ctrl-C reaches the launcher's process group, and Redis must
             # outlive that signal until the trainer's last acknowledgement (the launcher stops it last).
             # It dies with the thread that started it (PR_SET_PDEATHSIG), so a killed launcher leaves none.
@@ -90,15 +99,16 @@ class EmbeddedRedis:
     def _command(self) -> list[str]:
         return [
             find_redis_binary(),
-            "--bind", "127.0.0.1", "--port", str(self.port),
+            "--bind", self.host, "--port", str(self.port),
             "--dir", str(self.data_dir), "--logfile", str(self.data_dir / "redis.log"),
             "--appendonly", "yes" if self.aof else "no", "--appendfsync", self.appendfsync,
-            "--save", "", "--daemonize", "no", "--protected-mode", "yes",
+            "--save", "", "--daemonize", "no",
+            "--protected-mode", "yes" if self._local_host.startswith("127.") else "no",
         ]
 
     def _wait_ready(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(host=self._local_host, port=self.port, socket_connect_timeout=0.5)
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
@@ -118,7 +128,7 @@ class EmbeddedRedis:
             self.process = None
             return
         try:
-            redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2).shutdown(nosave=not self.aof)
+            redis.Redis(host=self._local_host, port=self.port, socket_timeout=2).shutdown(nosave=not self.aof)
         except (redis.ConnectionError, redis.ResponseError):
             pass  # SHUTDOWN closes the connection it was sent on: that is success
         try:

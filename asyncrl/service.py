@@ -2,7 +2,7 @@
 SIGTERM, a guard (bearer token, request-size limit) and JSON bodies parsed off the event loop when large.
 
 Each service builds its FastAPI app and calls `serve(app, host, port, url_file=...)`. The bound URL is
-printed (`listening on http://127.0.0.1:PORT`) and optionally written to a file, so a parent that
+printed (`listening on http://127.0.0.1:PORT`; a wildcard bind prints the node's address, asyncrl.network) and optionally written to a file, so a parent that
 asked for port 0 learns the port without races.
 """
 
@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.config import section_data
+from asyncrl.network import http_url
 
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
@@ -240,7 +241,7 @@ def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, lo
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     sock = bind_socket(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    url = http_url(host, sock.getsockname()[1])
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10,
                                            limit_concurrency=None, backlog=4096, timeout_keep_alive=keep_alive_s))
 

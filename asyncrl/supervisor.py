@@ -8,7 +8,9 @@ once it serves (`on_serving()`, e.g. publish the URL). When the hosting actor di
 it (asyncrl.process), and Ray's actor restart runs __init__ again: the same recovery path.
 
 `ServiceActor` is the generic case: `python -m <module> <args> --port P --url-file F` (gateway,
-orchestrator, env services all follow that convention).
+orchestrator, env services all follow that convention). The files its command line reads (its
+config) travel with the actor, so it runs the same on a node that does not share the launcher's disk;
+every service learns its node's address ($ASYNCRL_NODE_IP, asyncrl.network) to advertise its URL by.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Optional
 
 import httpx
 
+from asyncrl.network import NODE_IP_ENV, node_ip
 from asyncrl.process import spawn, terminate
 
 log = logging.getLogger("asyncrl.supervisor")
@@ -76,7 +79,7 @@ class Supervisor(ABC):
     def _launch(self) -> None:
         self.serving = False
         self.before_start()
-        self.process = spawn(self.command(), self.log_path, self.environment())
+        self.process = spawn(self.command(), self.log_path, {NODE_IP_ENV: node_ip(), **self.environment()})
         (self.work_dir / f"{self.name}.pid").write_text(str(self.process.pid))  # for operators and tests
         self._wait_healthy()
         self.serving = True
@@ -137,8 +140,12 @@ class ServiceActor(Supervisor):
     binds a free port (its URL changes at a restart); a fixed port restarts the service where it was."""
 
     def __init__(self, name: str, module: str, args: list[str], work_dir: str, env: Optional[dict[str, str]] = None,
-                 port: int = 0, python: Optional[str] = None, **supervisor_options: Any) -> None:
+                 port: int = 0, python: Optional[str] = None, files: Optional[dict[str, str]] = None,
+                 **supervisor_options: Any) -> None:
         super().__init__(name, work_dir, **supervisor_options)
+        for path, text in (files or {}).items():  # the launcher's disk may be another host's
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
         self.module, self.args, self.env, self.port = module, list(args), dict(env or {}), port
         self.python = python or sys.executable
         """The interpreter: another venv's runs a service whose dependencies do not fit the run's venv."""

@@ -7,6 +7,11 @@ weights (the newest snapshot recorded in the `weights` hash). If the actor itsel
 it (max_restarts=-1) and __init__ does the same: nothing but in-flight requests is lost, and the
 gateway re-routes those.
 
+Across hosts (docs/run.md "A run across hosts") the engine binds `bind_host` (cluster.host) and
+publishes its node's address; a node without the launcher's disk unpacks the initial weights the
+launcher shipped (asyncrl.node_files), and a restart whose snapshot is on the trainer's disk only
+fetches it from the trainer actor.
+
 On the same tick the actor reads its engine's restart request (`engine_restarts` hash): the trainer
 records one, after recording a snapshot of the version, for an engine that did not take a push
 (trainer/weight_push.py). A request for a version above the one the engine started with restarts
@@ -23,20 +28,13 @@ from typing import Optional
 from redis.exceptions import RedisError
 
 from asyncrl.config import RolloutConfig
+from asyncrl.network import advertised_host
+from asyncrl.node_files import ensure_dir, unpack_dir
 from asyncrl.store import store_call
 from asyncrl.supervisor import Supervisor
 from rollout.backends import LaunchSpec, make_backend
 
 log = logging.getLogger("rollout.actor")
-
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # outside Ray (tests of the class itself)
-        return "127.0.0.1"
 
 
 def _free_port(host: str) -> int:
@@ -48,16 +46,18 @@ def _free_port(host: str) -> int:
 class RolloutEngine(Supervisor):
     def __init__(self, cfg: RolloutConfig, engine_id: str, model_path: str, redis_url: str, run: str,
                  work_dir: str, seed: int = 0, tokenizer_path: Optional[str] = None,
-                 bind_host: str = "127.0.0.1") -> None:
+                 bind_host: str = "127.0.0.1", shipped_weights: Optional[list] = None) -> None:
         super().__init__(engine_id, work_dir, health_path="/health_generate",
                          check_interval_s=cfg.health_check_interval_s, check_timeout_s=cfg.health_check_timeout_s,
                          start_timeout_s=cfg.health_check_timeout_s * 10)
         self.cfg, self.engine_id = cfg, engine_id
         self.initial_model_path, self.tokenizer_path, self.seed = model_path, tokenizer_path, seed
         self.redis_url, self.run = redis_url, run
+        self.shipped_weights = shipped_weights
+        """[ObjectRef] of the initial weights (asyncrl.node_files), for a node without the launcher's disk."""
         self.backend = make_backend(cfg)
         self.host = bind_host
-        self.public_host = _node_ip() if bind_host == "0.0.0.0" else bind_host
+        self.public_host = advertised_host(bind_host)
         self.port = _free_port(bind_host)
         self.weights: tuple[str, str] = (model_path, "0")
         self.restarted_for = 0
@@ -70,6 +70,8 @@ class RolloutEngine(Supervisor):
 
     def before_start(self) -> None:
         self.weights = self._current_weights()
+        if self.weights[0] == self.initial_model_path:  # a snapshot was fetched by _current_weights
+            ensure_dir(self.initial_model_path, self.shipped_weights)
         self.restarted_for = max(self.restarted_for, int(self.weights[1]))
 
     def restart_requested(self) -> bool:
@@ -108,27 +110,47 @@ class RolloutEngine(Supervisor):
     def _current_weights(self) -> tuple[str, str]:
         """(checkpoint path, version) the engine must serve: the newest recorded snapshot, else the initial model."""
         weights = store_call(self.redis_url, self.run, lambda store: store.weights())
-        if weights.snapshot and Path(weights.snapshot).exists():
+        if weights.snapshot and self._have_snapshot(weights.snapshot):
             if weights.snapshot_version < weights.served_version:  # tensor/distributed between two snapshots
                 log.info("%s starts with snapshot v%d; the next push brings v%d or newer", self.engine_id,
                          weights.snapshot_version, weights.served_version)
             return weights.snapshot, str(weights.snapshot_version)
         return self.initial_model_path, "0"
 
+    def _have_snapshot(self, path: str) -> bool:
+        """The snapshot is on this node, or is now: fetched from the trainer actor, whose disk it was written on."""
+        if (Path(path) / "config.json").is_file():
+            return True
+        try:
+            import ray
+
+            trainer = ray.get_actor(f"{self.run}-trainer")
+            unpack_dir(ray.get(trainer.snapshot_files.remote(path), timeout=self.cfg.health_check_timeout_s * 10), path)
+            log.info("%s fetched weight snapshot %s from the trainer", self.engine_id, path)
+            return True
+        except Exception as err:  # noqa: BLE001 - no Ray, no trainer, or the snapshot was pruned meanwhile
+            log.warning("%s: weight snapshot %s is not on this node and the trainer did not send it (%s): starting "
+                        "with the initial weights; the next push brings the current ones", self.engine_id, path, err)
+            return False
+
 
 class EngineGroup:
     """N `RolloutEngine` actors placed by Ray with the configured resources; restarted on death."""
 
     def __init__(self, cfg: RolloutConfig, model_path: str, redis_url: str, run: str, work_dir: str,
-                 seed: int = 0, tokenizer_path: Optional[str] = None) -> None:
+                 seed: int = 0, tokenizer_path: Optional[str] = None, bind_host: str = "127.0.0.1",
+                 resources: Optional[dict[str, float]] = None, shipped_weights: Optional[list] = None) -> None:
+        """`bind_host`, `resources` (Ray custom resources of each actor), `shipped_weights`: a run across hosts
+        (cluster.host, cluster.placement.engines, asyncrl.node_files)."""
         import ray
 
         actor_cls = ray.remote(RolloutEngine)
         self.actors = [
             actor_cls.options(name=f"{run}-engine-{i}", num_cpus=cfg.num_cpus_per_engine,
-                              num_gpus=cfg.num_gpus_per_engine, max_restarts=-1, max_task_retries=3,
-                              max_concurrency=4)
-            .remote(cfg, f"engine-{i}", model_path, redis_url, run, work_dir, seed + i, tokenizer_path)
+                              num_gpus=cfg.num_gpus_per_engine, resources=dict(resources or {}), max_restarts=-1,
+                              max_task_retries=3, max_concurrency=4)
+            .remote(cfg, f"engine-{i}", model_path, redis_url, run, work_dir, seed + i, tokenizer_path, bind_host,
+                    shipped_weights)
             for i in range(cfg.num_engines)
         ]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import orjson
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,26 @@ def wait_until(predicate, timeout_s: float, describe=lambda: ""):
             return found
         time.sleep(0.02)
     raise AssertionError(f"timed out; {describe()}")
+
+
+def stop_tagged(tag: str) -> None:
+    """Stop what the block started (the head and the job's processes): every process carrying our tag in
+    its environment. By tag, not by name: `ray stop` would stop every Ray on the machine."""
+    tagged = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("ASYNCRL_TEST_TAG") == tag:
+                tagged.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    for proc in tagged:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(tagged, timeout=20)
+    for proc in alive:
+        proc.kill()
 
 
 def unpublished_bodies(openapi: dict, bodyless: frozenset[str] = frozenset()) -> list[str]:

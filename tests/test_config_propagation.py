@@ -154,7 +154,8 @@ def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
     cfg = run_config()
     job, started = Job(cfg, tmp_path, redis_server.url), []
 
-    def service(name: str, module: str, args: list[str], env=None, port: int = 0, python=None) -> str:  # no Ray
+    def service(name: str, module: str, args: list[str], _resources, env=None, port: int = 0,
+                python=None) -> str:  # no Ray
         started.append(ServiceProcess(module, args, tmp_path, name=name, env=env, port=port, python=python))
         return started[-1].url
 

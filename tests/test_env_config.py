@@ -255,7 +255,8 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
     cfg = load("experiment=tiny_demo", "+envs.services.sh={target: envs.terminal.TerminalEnv, sandbox: local_unsafe}")
     job = Job(cfg, tmp_path, "redis://unused")
     started = []
-    job._service = lambda name, module, args, env=None, port=0, python=None: started.append(args) or "http://env"
+    job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (started.append(args)
+                                                                                           or "http://env")
     with caplog.at_level("WARNING", logger="asyncrl.launcher"):
         for env in cfg.envs.services.values():
             for replica in range(2):
@@ -271,8 +272,8 @@ def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monk
     off their command lines); asyncrl eval's driver sends it too."""
     cfg = load("experiment=tiny_demo", "envs.auth_token=env-secret")
     job, started = Job(cfg, tmp_path, "redis://unused"), {}
-    job._service = lambda name, module, args, env=None, port=0, python=None: (started.update({name: (args, env)})
-                                                                              or "http://env")
+    job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (
+        started.update({name: (args, env)}) or "http://env")
     job._start_env(cfg.envs.services["arithmetic"], 0, None)
     job._start_orchestrator("http://gateway")
     assert all(env[SERVICE_TOKEN_ENV] == "env-secret" and "env-secret" not in args for args, env in started.values())
@@ -291,7 +292,8 @@ def test_an_envs_python_is_the_interpreter_the_launcher_starts_it_with(tmp_path)
     relative = os.path.relpath(python, Path.cwd())
     cfg = load("experiment=tiny_demo", f"envs.services.arithmetic.python={relative}")
     job, started = Job(cfg, tmp_path, "redis://unused"), {}
-    job._service = lambda name, module, args, env=None, port=0, python=None: started.update({name: python}) or "url"
+    job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (
+        started.update({name: python}) or "url")
     job._start_env(cfg.envs.services["arithmetic"], 0, None)
     assert started == {"env-arithmetic-0": str(Path.cwd() / relative)}
     wrong = Job(load("experiment=tiny_demo", f"envs.services.arithmetic.python={tmp_path}/no-venv/bin/python"),

@@ -5,17 +5,15 @@ on a machine without ~/.ray/auth_token and on one that has it (the first run lef
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.services import ROOT
+from tests.services import ROOT, stop_tagged
 
 BIN = Path(sys.executable).parent
 JOB_OVERRIDES = "name=readme_ray total_steps=2 warmup.steps=5"
@@ -28,26 +26,6 @@ def readme_ray_block() -> str:
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     assert "ray job submit" in block and "ray start --head" in block
     return block.replace("experiment=tiny_demo\n", f"experiment=tiny_demo {JOB_OVERRIDES}\n")
-
-
-def stop_tagged(tag: str) -> None:
-    """Stop what the block started (the head and the job's processes): every process carrying our tag in
-    its environment. By tag, not by name: `ray stop` would stop every Ray on the machine."""
-    tagged = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("ASYNCRL_TEST_TAG") == tag:
-                tagged.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    for proc in tagged:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(tagged, timeout=20)
-    for proc in alive:
-        proc.kill()
 
 
 def run_block(home: Path, tmp_path: Path) -> subprocess.CompletedProcess:

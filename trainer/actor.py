@@ -26,6 +26,7 @@ from typing import Optional
 
 from asyncrl.config import ModelSection, TrainerConfig
 from asyncrl.model.io import save_tensors
+from asyncrl.node_files import Packed, ensure_dir, pack_dir
 from asyncrl.store import Store
 from trainer.atomic_dir import write_atomically
 from trainer.backends.base import StepResult, TrainerBackend, make_backend
@@ -50,11 +51,14 @@ unacknowledged groups back first (Store.read_groups)."""
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model: ModelSection, redis_url: str, run: str, run_dir: str,
                  seed: int = 0, backend: Optional[TrainerBackend] = None, retention_groups: int = 10_000,
-                 log_file: Optional[str] = None) -> None:
+                 log_file: Optional[str] = None, shipped_weights: Optional[list] = None) -> None:
         """`retention_groups`: the run's `redis.retention_groups` (acknowledging trims past it). `log_file`:
-        also log there (the launcher's <run_dir>/trainer.log; a Ray actor's own log is in Ray's session dir)."""
+        also log there (the launcher's <run_dir>/trainer.log; a Ray actor's own log is in Ray's session dir).
+        `shipped_weights`: [ObjectRef] of `model.path`, for a node that does not share the launcher's disk."""
         if log_file:
             _log_to(Path(log_file))
+        if model.path:
+            ensure_dir(model.path, shipped_weights)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.backend = backend or make_backend(cfg, model, seed)
@@ -89,6 +93,13 @@ class Trainer:
 
     def request_stop(self) -> None:
         self.stopping.set()
+
+    async def snapshot_files(self, path: str) -> Packed:
+        """The files of weight snapshot `path`, for a restarting engine on a node without this disk."""
+        snapshot = Path(path).resolve()
+        if snapshot.parent != self.weights.weights_dir.resolve():
+            raise ValueError(f"{path} is not a weight snapshot of this run ({self.weights.weights_dir})")
+        return await asyncio.to_thread(pack_dir, snapshot)  # the loop keeps serving meanwhile
 
     # What the loop calls (trainer/loop.py LoopTrainer) -------------------------------------------------
     async def sync_engines(self) -> None:

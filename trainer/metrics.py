@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from asyncrl.network import http_url
 
 log = logging.getLogger("trainer.metrics")
 
@@ -96,7 +97,7 @@ class MetricsServer:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://{_public_host(host)}:{self.server.server_address[1]}"
+        self.url = http_url(host, self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, name="trainer-metrics", daemon=True)
         self._thread.start()
         log.info("trainer metrics at %s/metrics", self.url)
@@ -105,23 +106,6 @@ class MetricsServer:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(timeout=5)
-
-
-def _public_host(host: str) -> str:
-    """Where others reach a server bound to `host`: the node's IP for a wildcard bind."""
-    if host not in ("0.0.0.0", ""):
-        return host
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray
-        pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 def serve_metrics(metrics: TrainerMetrics, health: Callable[[], dict], host: str,

@@ -52,6 +52,7 @@ from asyncrl.config import WeightPushConfig
 from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import save_tensors
+from asyncrl.network import node_ip
 from asyncrl.plugins import load_plugin
 from asyncrl.store import Store
 from trainer.atomic_dir import prune, write_atomically
@@ -137,7 +138,7 @@ class DistributedPusher(WeightPusher):
         await self.close()
         backend = self.cfg.distributed_backend
         backend = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
-        address, port, world = self.cfg.master_address or node_address(), free_port(), len(clients) + 1
+        address, port, world = self.cfg.master_address or node_ip(), free_port(), len(clients) + 1
         joins = [c.init_weights_update_group(address, port, i + 1, world, GROUP_NAME, backend)
                  for i, c in enumerate(clients.values())]
         self.group, *_ = await asyncio.gather(
@@ -327,14 +328,3 @@ def free_port() -> int:
         s.bind(("", 0))
         return s.getsockname()[1]
 
-
-def node_address() -> str:
-    """This node's address as other nodes see it (Ray's view when running under Ray)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"

@@ -22,6 +22,7 @@ from envs.sdk.app import create_app
 from envs.sdk.base import Environment
 from envs.sdk.context import ContextConfig
 from envs.sdk.metrics import ServiceMetrics
+from asyncrl.network import http_url
 from asyncrl.protocols.orchestrator import RegisterRequest
 from envs.sdk.registration import DEFAULT_GONE_AFTER_S, Registrar
 from envs.sdk.runner import EpisodeRunner
@@ -90,7 +91,7 @@ class EnvService:
         app = create_app(self.runner, self.metrics, self.name, self.domain, self.config.auth_token,
                          self.config.section or self.config)
         sock = _bind(self.config.host, self.config.port)
-        self.url = self.config.public_url or _url(*sock.getsockname()[:2])
+        self.url = self.config.public_url or http_url(self.config.host, sock.getsockname()[1])
         self._server = _QuietServer(uvicorn.Config(app, log_config=None, access_log=False,
                                                    timeout_graceful_shutdown=5))
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="uvicorn")
@@ -147,13 +148,6 @@ class _QuietServer(uvicorn.Server):
 
     def capture_signals(self):
         return nullcontext()
-
-
-def _url(host: str, port: int) -> str:
-    """How others reach a socket bound to host:port (a wildcard bind is reached by the machine's name)."""
-    if host in ("0.0.0.0", "::"):
-        host = socket.getfqdn()
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,0 +1,48 @@
+"""Addresses: the interface a service binds, and the one other hosts reach it at.
+
+A service bound to a wildcard (0.0.0.0) is reachable at every address of its host, but the URL it
+publishes must name one that other hosts route to: its node's address. Under Ray that is Ray's
+view of the node (what `ray start --node-ip-address` says); a service process the launcher starts
+inherits it from the actor that hosts it ($ASYNCRL_NODE_IP), so the URL in its url file, the
+engine registry and the env registration is the one other nodes use. Stdlib only: the light env
+SDK imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+NODE_IP_ENV = "ASYNCRL_NODE_IP"
+"""Set by the actor that starts a service (asyncrl.supervisor) to its node's address."""
+WILDCARDS = ("0.0.0.0", "", "::")
+
+
+def node_ip() -> str:
+    """This host's address as other hosts reach it: $ASYNCRL_NODE_IP, else Ray's node address when Ray is
+    up in this process, else the address of the interface that routes outwards, else loopback."""
+    if os.environ.get(NODE_IP_ENV):
+        return os.environ[NODE_IP_ENV]
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:  # the light SDK has no Ray
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def advertised_host(bind_host: str) -> str:
+    """Where others reach a server bound to `bind_host`: the node's address for a wildcard, else itself."""
+    return node_ip() if bind_host in WILDCARDS else bind_host
+
+
+def http_url(bind_host: str, port: int) -> str:
+    host = advertised_host(bind_host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
