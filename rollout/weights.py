@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from asyncrl.model.io import dtype_from_name, load_weights, read_tensors, save_pretrained
+from asyncrl.network import use_gloo_interface_towards
 from asyncrl.tensor_codec import TENSOR_LOAD_FORMAT, decode_named_tensors
 
 log = logging.getLogger("rollout.weights")
@@ -67,6 +68,8 @@ class WeightsUpdateGroup:
                  group_name: str, timeout_s: float = 300.0) -> None:
         if dist.is_initialized():
             raise RuntimeError("a weights update group already exists in this engine; destroy it first")
+        if backend == "gloo":
+            use_gloo_interface_towards(master_address)
         dist.init_process_group(backend=backend, init_method=f"tcp://{master_address}:{master_port}",
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
         self.group_name, self.rank = group_name, rank

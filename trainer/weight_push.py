@@ -52,7 +52,7 @@ from asyncrl.config import WeightPushConfig
 from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.io import save_tensors
-from asyncrl.network import node_ip
+from asyncrl.network import node_ip, use_gloo_interface_towards
 from asyncrl.plugins import load_plugin
 from asyncrl.store import Store
 from trainer.atomic_dir import prune, write_atomically
@@ -184,6 +184,7 @@ class BroadcastGroup:
         if backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(store, 0, world_size)
         else:
+            use_gloo_interface_towards(address)
             self.pg = dist.ProcessGroupGloo(store, 0, world_size, timeout)
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:

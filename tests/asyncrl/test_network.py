@@ -9,7 +9,8 @@ from __future__ import annotations
 import httpx
 import redis
 
-from asyncrl.network import NODE_IP_ENV, advertised_host, http_url
+import asyncrl.network
+from asyncrl.network import GLOO_INTERFACE_ENV, NODE_IP_ENV, advertised_host, http_url, use_gloo_interface_towards
 from asyncrl.redis_server import EmbeddedRedis
 from tests.services import ServiceProcess
 
@@ -23,6 +24,18 @@ def test_a_wildcard_bind_is_advertised_by_the_node_address_and_any_other_as_itse
     assert http_url("0.0.0.0", 80) == f"http://{NODE}:80" and http_url("::1", 80) == "http://[::1]:80"
     monkeypatch.delenv(NODE_IP_ENV)
     assert advertised_host("0.0.0.0") not in ("0.0.0.0", "")  # the routing interface's address (or loopback)
+
+
+def test_gloo_binds_the_interface_towards_the_broadcast_master_unless_the_user_chose_one(monkeypatch):
+    """Without it, gloo on a host whose name resolves to no address binds loopback, and a broadcast from
+    another host cannot connect (tests/test_multi_host.py's distributed push saw exactly that)."""
+    monkeypatch.delenv(GLOO_INTERFACE_ENV, raising=False)
+    monkeypatch.setattr(asyncrl.network, "_chosen_gloo_interface", None)
+    use_gloo_interface_towards("127.0.0.1")
+    assert asyncrl.network.os.environ[GLOO_INTERFACE_ENV] == "lo"
+    monkeypatch.setenv(GLOO_INTERFACE_ENV, "eth7")  # the user's choice stands
+    use_gloo_interface_towards("127.0.0.1")
+    assert asyncrl.network.os.environ[GLOO_INTERFACE_ENV] == "eth7"
 
 
 def test_services_bound_to_every_interface_publish_and_answer_at_the_node_address(tmp_path, monkeypatch):
