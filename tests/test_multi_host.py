@@ -37,9 +37,6 @@ JOB = ["python", "-m", "asyncrl.train", "experiment=tiny_demo", f"name={RUN}", "
        "cluster.placement.envs={rollout_node: 1}", "cluster.placement.orchestrator={head_node: 1}",
        "cluster.placement.trainer={head_node: 1}"]
 
-pytestmark = pytest.mark.skipif(Hosts.unavailable() is not None, reason=str(Hosts.unavailable()))
-
-
 def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
             "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
@@ -108,6 +105,8 @@ def _in_copy_of_redis(run_dir: Path, copy: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_tiny_demo_trains_on_two_hosts_that_share_no_disk(tmp_path, capsys):
+    if reason := Hosts.unavailable():
+        pytest.skip(reason)
     logs = tmp_path / "logs"
     logs.mkdir()
     with Hosts(tmp_path / "hosts", ["head", "worker"]) as hosts:
