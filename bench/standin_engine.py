@@ -47,6 +47,7 @@ from typing import AsyncIterator, Optional
 
 import orjson
 from aiohttp import web
+from safetensors.numpy import load as load_safetensors
 
 from asyncrl.tokenizer import BUILTIN_TINY, load_tokenizer
 
@@ -144,8 +145,8 @@ class StandinEngine:
         budget = 128 if budget is None else budget
         natural = rng.randint(self.model.min_out, self.model.max_out)
         stops = params.get("stop_token_ids") or []
-        body = self.vocab.prefix + [rng.choice(self.vocab.ordinary) for _ in range(max(natural - 1, 0))]
-        out = body + stops[:1] if stops else body
+        fill = max(natural - len(self.vocab.prefix) - bool(stops), 0)
+        out = self.vocab.prefix + [rng.choice(self.vocab.ordinary) for _ in range(fill)] + stops[:1]
         finish = "stop" if stops and len(out) <= budget else "length"
         out = out[:budget]
         return out, [-rng.expovariate(2.0) for _ in out], finish
@@ -294,12 +295,10 @@ class StandinEngine:
         return web.json_response({"success": True, "num_aborted": len(hit)})
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        from safetensors.numpy import load
-
         body = await _body(request)
         try:
             for payload in body["serialized_named_tensors"]:
-                for name, array in load(base64.b64decode(payload, validate=True)).items():
+                for name, array in load_safetensors(base64.b64decode(payload, validate=True)).items():
                     self.weights[name] = array[:KEPT_ROWS].astype("float32").tolist()
         except Exception as err:  # noqa: BLE001 - a bad payload is the client's mistake: say what it was
             return web.json_response({"success": False, "message": f"{type(err).__name__}: {err}"}, status=400)
