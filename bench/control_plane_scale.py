@@ -513,7 +513,8 @@ def to_markdown(report: dict) -> str:
                      f"{f['peak_rss_mb'][k]} |")
     rd = f["redis"]
     lines += ["", f"Redis: {rd.get('mb_per_1000_samples')} MB per 1,000 recorded samples (least squares of used_memory "
-              f"on samples, mean {f['tokens_per_sample']} tokens a sample), growth {rd.get('growth_mb_per_min')} MB/min, "
+              f"on samples, mean {f['tokens_per_sample']} tokens a sample; the samples stream itself holds "
+              f"{f['stream_bytes_per_sample']} bytes a sample by MEMORY USAGE), growth {rd.get('growth_mb_per_min')} MB/min, "
               f"used_memory {rd.get('used_memory_mb_start')} -> {rd.get('used_memory_mb_end')} MB over the window "
               f"({rd.get('samples_start')} -> {rd.get('samples_end')} samples). Nothing consumed the samples (no trainer), "
               "so this is the growth a run sees between trims.", "",
@@ -521,12 +522,15 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tokens_per_sample(stack: dict) -> float:
+def sample_sizes(stack: dict) -> dict:
+    """Mean tokens of the last 200 samples, and the samples stream's own bytes per sample (MEMORY USAGE)."""
     from asyncrl.types import Sample
 
     r = redis.Redis.from_url(stack["redis"].url)
     entries = r.xrevrange(key("samples"), count=200)
-    return round(statistics.fmean(len(Sample.decode(f[b"data"]).tokens) for _, f in entries), 1) if entries else 0.0
+    stream_bytes = r.memory_usage(key("samples"), samples=0) or 0
+    return {"tokens_per_sample": round(statistics.fmean(len(Sample.decode(f[b"data"]).tokens) for _, f in entries), 1),
+            "stream_bytes_per_sample": round(stream_bytes / max(r.xlen(key("samples")), 1))}
 
 
 def main() -> None:
@@ -536,7 +540,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=4096, help="episodes in flight (orchestrator max_in_flight)")
     p.add_argument("--env-services", type=int, default=8)
     p.add_argument("--turns", type=int, default=3, help="chat calls per episode")
-    p.add_argument("--tool-s", type=float, default=30.0, help="mean tool time between turns (+-50%%)")
+    p.add_argument("--tool-s", type=float, default=85.0, help="mean tool time between turns (+-50%%)")
     p.add_argument("--ttft-s", type=float, default=0.3)
     p.add_argument("--prefill-s-per-token", type=float, default=0.0002)
     p.add_argument("--decode-s-per-token", type=float, default=0.03)
@@ -562,7 +566,7 @@ def main() -> None:
         status = drain(stack, timeout_s=3 * episode_s(args) + 60)
         f["groups"] = check_groups(stack, status)
         f["affinity"] = affinity(stack, window["before"]["t"])
-        f["tokens_per_sample"] = tokens_per_sample(stack)
+        f.update(sample_sizes(stack))
         sampler.done.set()
     finally:
         stop_stack(stack)
