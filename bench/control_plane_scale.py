@@ -9,8 +9,9 @@ Processes: an embedded redis-server (AOF on, as the launcher runs it); stand-in 
 in the run's `engines` hash; the gateway following that registry; the orchestrator (`sessions: gateway`,
 group_size 8, max_in_flight = episodes, no backpressure); env services running ToolLoopEnv
 (bench/tool_loop_env.py: `turns` chat calls through the episode's gateway session, `tool_s` +-50% of tool
-time between them, the conversation growing each turn). After in-flight reaches 95% and a warm-up of
-1.2 episode lengths (the first wave's completions are under way), a window of `window_s`:
+time between them, the conversation growing each turn). The first wave of episodes starts spread over one
+episode length (ToolLoopEnv's ramp); after in-flight reaches 95% and a warm-up of 1.3 episode lengths (the
+completion rate is steady by then), a window of `window_s`:
 
 - at 20% and 35% of it, a weight push with the trainer's own code (trainer.weight_push.WeightSync, method
   tensor, pause_mode in_place, verify_weights on, a 4 KB payload): pause / update / continue fan-out times;
@@ -119,8 +120,8 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
     stats = workdir / "client_stats"
     stats.mkdir(exist_ok=True)
     capacity = math.ceil(args.episodes / args.env_services) + GROUP_SIZE
-    options = {"turns": args.turns, "tool_s": args.tool_s, "jitter": 0.5, "start_s": args.tool_s,
-               "stats_dir": str(stats)}
+    options = {"turns": args.turns, "tool_s": args.tool_s, "jitter": 0.5, "ramp_s": episode_s(args),
+               "ramp_episodes": capacity, "stats_dir": str(stats)}
     stack["envs"] = [Proc(workdir, f"env{i}", [sys.executable, "-m", "envs.serve", "--env", ENV, "--capacity",
                                                str(capacity), "--log-level", "WARNING",
                                                *[a for k, v in options.items() for a in ("--option", f"{k}={v}")]])
@@ -134,19 +135,22 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def stop_stack(stack: dict) -> None:
-    for name in ("envs", "orchestrator", "gateway", "fleet"):
-        value = stack.get(name)
-        for proc in (value if isinstance(value, list) else value.procs if isinstance(value, Fleet) else [value]):
-            if proc is not None and proc.popen.poll() is None:
-                proc.stop()
+    """SIGTERM to every child at once (env services drain for up to 30 s each), then wait for each."""
+    procs = [*stack.get("envs", []), stack.get("orchestrator"), stack.get("gateway"),
+             *(stack["fleet"].procs if "fleet" in stack else [])]
+    procs = [p for p in procs if p is not None and p.popen.poll() is None]
+    for proc in procs:
+        proc.popen.terminate()
+    for proc in procs:
+        proc.stop()
     if "redis" in stack:
         stack["redis"].stop()
 
 
 def episode_s(args: argparse.Namespace) -> float:
-    """Mean episode length: start delay, tool time, model time."""
+    """Mean episode length after the ramp: tool time and model time."""
     turn = args.ttft_s + (16 + MAX_NEW_TOKENS) / 2 * args.decode_s_per_token
-    return args.tool_s / 2 + (args.turns - 1) * args.tool_s + args.turns * turn
+    return (args.turns - 1) * args.tool_s + args.turns * turn
 
 
 # Measurements ---------------------------------------------------------------------------------------------
@@ -540,7 +544,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=4096, help="episodes in flight (orchestrator max_in_flight)")
     p.add_argument("--env-services", type=int, default=8)
     p.add_argument("--turns", type=int, default=3, help="chat calls per episode")
-    p.add_argument("--tool-s", type=float, default=85.0, help="mean tool time between turns (+-50%%)")
+    p.add_argument("--tool-s", type=float, default=105.0, help="mean tool time between turns (+-50%%)")
     p.add_argument("--ttft-s", type=float, default=0.3)
     p.add_argument("--prefill-s-per-token", type=float, default=0.0002)
     p.add_argument("--decode-s-per-token", type=float, default=0.03)
@@ -560,7 +564,7 @@ def main() -> None:
         sampler = Sampler(stack)
         sampler.start()
         wait_in_flight(stack, args.episodes, timeout_s=120 + args.episodes / 20)
-        time.sleep(1.2 * episode_s(args))
+        time.sleep(1.3 * episode_s(args))
         window = run_window(args, stack, workdir)
         f = figures(args, stack, window, sampler)
         status = drain(stack, timeout_s=3 * episode_s(args) + 60)

@@ -4,7 +4,9 @@ keeps a session on one engine finds the prefix in that engine's cache.
 
     python -m envs.serve --env bench.tool_loop_env.ToolLoopEnv --option turns=3 --option tool_s=20 ...
 
-An episode first sleeps up to `start_s` (a sandbox starting; it spreads the first wave of turns). With
+The first `ramp_episodes` episodes of a service first sleep U(0, `ramp_s`): with ramp_s one episode length,
+the first wave's completions, and so every later wave's dispatches, are spread evenly instead of arriving
+as one wave per episode length (a lull between waves). With
 `stats_dir`, each turn's client-side figures are appended to <stats_dir>/<pid>.tsv (every 2 s):
 finish unix time, wall seconds of the chat call as the client saw it, and the engines' own seconds
 (the gateway's x-engine-latency-s header), so overhead outside the engines can be read off.
@@ -28,9 +30,10 @@ class ToolLoopEnv(Environment):
     name = "tool_loop"
     domain = "bench"
 
-    def __init__(self, turns: int = 3, tool_s: float = 5.0, jitter: float = 0.5, start_s: float = 0.0,
-                 observation_words: int = 60, num_tasks: int = 1000, stats_dir: str = "") -> None:
-        self.turns, self.tool_s, self.jitter, self.start_s = int(turns), float(tool_s), float(jitter), float(start_s)
+    def __init__(self, turns: int = 3, tool_s: float = 5.0, jitter: float = 0.5, ramp_s: float = 0.0,
+                 ramp_episodes: int = 0, observation_words: int = 60, num_tasks: int = 1000, stats_dir: str = "") -> None:
+        self.turns, self.tool_s, self.jitter = int(turns), float(tool_s), float(jitter)
+        self.ramp_s, self.ramp_left = float(ramp_s), int(ramp_episodes)
         self.observation_words, self.num_tasks = int(observation_words), int(num_tasks)
         self.stats = Path(stats_dir) / f"{os.getpid()}.tsv" if stats_dir else None
         self.pending: list[str] = []
@@ -41,7 +44,9 @@ class ToolLoopEnv(Environment):
 
     async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
         rng = random.Random(ctx.seed)
-        await asyncio.sleep(rng.random() * self.start_s)
+        if self.ramp_left > 0:
+            self.ramp_left -= 1
+            await asyncio.sleep(rng.random() * self.ramp_s)
         messages = [{"role": "user", "content": f"Episode {ctx.episode_id}, task {task_id}: fix the failing test."}]
         for turn in range(min(self.turns, ctx.max_turns)):
             started = time.perf_counter()
