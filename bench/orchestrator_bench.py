@@ -28,57 +28,21 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
+from bench.procs import Proc  # noqa: E402
 
 ENV = "tests.orchestrator.timed_env.TimedEnv"
 GROUP_SIZE = 8
-
-
-class Proc:
-    """A child serving on 127.0.0.1 port 0 that writes its URL to --url-file."""
-
-    def __init__(self, workdir: Path, name: str, argv: list[str], nice: int = 0) -> None:
-        self.url_file = workdir / f"{name}.url"
-        self.url_file.unlink(missing_ok=True)
-        self.log = open(workdir / f"{name}.log", "wb")
-        self.popen = subprocess.Popen([*argv, "--port", "0", "--url-file", str(self.url_file)], cwd=ROOT,
-                                      stdout=self.log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        self.ps = psutil.Process(self.popen.pid)
-
-    def wait_url(self, timeout_s: float = 120.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        while not self.url_file.exists():
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.url_file.stem} did not start: {self.log.name}")
-            time.sleep(0.05)
-        return self.url_file.read_text().strip()
-
-    def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        self.popen.terminate()
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self.log.close()
 
 
 def start_services(workdir: Path, count: int, capacity: int, sleep_s: float) -> tuple[list[Proc], list[str]]:

@@ -7,6 +7,9 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+ADDED_LATENCY_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015,
+                         0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+"""Finer below 5 ms, where the gateway's own share of a turn should be (bench/results/control_plane_scale.md)."""
 PREFIX = "asyncrl_gateway_"
 
 
@@ -33,5 +36,8 @@ class GatewayMetrics:
                                           registry=r)
         self.turn_latency = Histogram(f"{p}turn_latency_seconds", "turn latency, engine time included",
                                       ["api"], buckets=LATENCY_BUCKETS, registry=r)
+        self.added_latency = Histogram(f"{p}added_latency_seconds", "turn latency minus the engines' own "
+                                       "e2e_latency: gateway work, the engine hop's HTTP, failover and waits",
+                                       ["api"], buckets=ADDED_LATENCY_BUCKETS, registry=r)
         self.engine_latency = Histogram(f"{p}engine_latency_seconds", "engine call latency",
                                         buckets=LATENCY_BUCKETS, registry=r)

@@ -171,7 +171,9 @@ class Turns:
         self.metrics.prompt_tokens.inc(len(turn.new_ids))
         self.metrics.cached_prompt_tokens.inc(turn.cached_tokens)
         self.metrics.generated_tokens.inc(len(turn.generated_ids))
-        self.metrics.turn_latency.labels(api).observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.metrics.turn_latency.labels(api).observe(elapsed)
+        self.metrics.added_latency.labels(api).observe(max(elapsed - turn.engine_latency_s, 0.0))
 
 
 class _AbortUnlessCommitted:

@@ -1,0 +1,65 @@
+"""Child processes of the benchmarks: serve on 127.0.0.1, write their URL to --url-file, and are measured
+(CPU seconds, RSS) and stopped by the handle that started them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Measured:
+    """A process whose CPU seconds and RSS are read."""
+
+    def __init__(self, pid: int) -> None:
+        self.ps = psutil.Process(pid)
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def rss(self) -> int:
+        return self.ps.memory_info().rss
+
+
+class Proc(Measured):
+    """A child serving on 127.0.0.1 `port` (0: a free one) that writes its URL to --url-file."""
+
+    def __init__(self, workdir: Path, name: str, argv: list[str], nice: int = 0, port: int = 0) -> None:
+        self.url_file = workdir / f"{name}.url"
+        self.url_file.unlink(missing_ok=True)
+        self.log = open(workdir / f"{name}.log", "ab")
+        self.popen = subprocess.Popen([*argv, "--port", str(port), "--url-file", str(self.url_file)], cwd=ROOT,
+                                      stdout=self.log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        super().__init__(self.popen.pid)
+
+    def wait_url(self, timeout_s: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while not self.url_file.exists():
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.url_file.stem} did not start: {self.log.name}")
+            time.sleep(0.05)
+        return self.url_file.read_text().strip()
+
+    def kill(self) -> None:
+        """SIGKILL, as a machine failing would."""
+        self.popen.kill()
+        self.popen.wait()
+        self.log.close()
+
+    def stop(self) -> None:
+        self.popen.terminate()
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self.log.close()
+
