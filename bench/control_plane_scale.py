@@ -23,7 +23,10 @@ completion rate is steady by then), a window of `window_s`:
 Then the orchestrator is paused and the groups in flight drain: every group started must be in the
 `groups` stream with all its samples (zero lost), and sessions' engine sequences (GET /sessions/{sid} of up
 to 1,000 recorded sessions) give the prefix affinity: turns after the first on the previous turn's engine.
-The machine is shared: load averages are recorded.
+The machine is shared: load averages are recorded. On a cluster the engines and the env services run on
+nodes of their own; here they share the control plane's 2 cores, so they run at nice `--load-nice` (10):
+the gateway, the orchestrator and Redis get the CPU first, as they would on their own node. `--load-nice 0`
+shares the cores equally (bench/results/control_plane_scale_nice0.md).
 """
 
 from __future__ import annotations
@@ -67,12 +70,12 @@ def key(name: str) -> str:
 class Fleet:
     """The stand-in engines: the victim alone in a process (killed and restarted on its port), the rest packed."""
 
-    def __init__(self, workdir: Path, count: int, per_process: int, model_args: list[str]) -> None:
-        self.workdir, self.model_args = workdir, model_args
+    def __init__(self, workdir: Path, count: int, per_process: int, model_args: list[str], nice: int) -> None:
+        self.workdir, self.model_args, self.nice = workdir, model_args, nice
         cmd = [sys.executable, "-m", "bench.standin_engine", *model_args]
-        self.victim = Proc(workdir, "engine-victim", [*cmd, "--engines", "1", "--name", "victim"])
+        self.victim = Proc(workdir, "engine-victim", [*cmd, "--engines", "1", "--name", "victim"], nice=nice)
         sizes = [per_process] * ((count - 1) // per_process) + ([(count - 1) % per_process] if (count - 1) % per_process else [])
-        self.packed = [Proc(workdir, f"engines{i}", [*cmd, "--engines", str(n), "--name", f"p{i}-"])
+        self.packed = [Proc(workdir, f"engines{i}", [*cmd, "--engines", str(n), "--name", f"p{i}-"], nice=nice)
                        for i, n in enumerate(sizes)]
         self.victim_url = self.victim.wait_url()
         self.urls = [self.victim_url] + [u for p in self.packed for u in p.wait_url().splitlines()]
@@ -91,7 +94,7 @@ class Fleet:
         port = int(self.victim_url.rsplit(":", 1)[1])
         self.victim = Proc(self.workdir, "engine-victim", [sys.executable, "-m", "bench.standin_engine",
                                                            *self.model_args, "--engines", "1", "--name", "victim"],
-                           port=port)
+                           nice=self.nice, port=port)
         self.victim.wait_url()
 
     def cpu_s(self) -> float:
@@ -103,7 +106,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
              "--prefill-s-per-token", str(args.prefill_s_per_token), "--min-out", "16", "--max-out", str(MAX_NEW_TOKENS)]
     redis_server = EmbeddedRedis(workdir / "redis").start()
     stack = {"redis": redis_server}
-    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model)
+    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.load_nice)
     r = redis.Redis.from_url(redis_server.url)
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
     gateway = stack["gateway"] = Proc(workdir, "gateway", [
@@ -124,7 +127,8 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
                "ramp_episodes": capacity, "stats_dir": str(stats)}
     stack["envs"] = [Proc(workdir, f"env{i}", [sys.executable, "-m", "envs.serve", "--env", ENV, "--capacity",
                                                str(capacity), "--log-level", "WARNING",
-                                               *[a for k, v in options.items() for a in ("--option", f"{k}={v}")]])
+                                               *[a for k, v in options.items() for a in ("--option", f"{k}={v}")]],
+                          nice=args.load_nice)
                      for i in range(args.env_services)]
     http = httpx.Client(base_url=stack["orchestrator_url"], timeout=60)
     for env in stack["envs"]:
@@ -552,6 +556,8 @@ def main() -> None:
     p.add_argument("--down-s", type=float, default=15.0, help="seconds the victim engine stays dead")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
+    p.add_argument("--load-nice", type=int, default=10, help="nice of the stand-in engines and env services: the "
+                   "load generators, which a cluster runs on other nodes (0: share the cores equally)")
     args = p.parse_args()
     workdir = Path(args.keep_logs or tempfile.mkdtemp(prefix="cps-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -587,7 +593,8 @@ def main() -> None:
                    f"{args.env_services} env services (ToolLoopEnv: {args.turns} chat turns, {args.tool_s} s +-50% tool "
                    f"time between them, mean episode ~{episode_s(args):.0f} s), group_size {GROUP_SIZE}, real gateway, "
                    f"orchestrator and redis-server (AOF). Two weight pushes (trainer.weight_push.WeightSync, tensor, "
-                   f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window."),
+                   f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines and env "
+                   f"services at nice {args.load_nice} (the control plane at 0)."),
         "load_start": load_start, "load_end": round(os.getloadavg()[0], 2),
         "args": vars(args), "figures": f, "targets": targets(f),
     }
