@@ -556,8 +556,7 @@ def main() -> None:
     p.add_argument("--down-s", type=float, default=15.0, help="seconds the victim engine stays dead")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
-    p.add_argument("--load-nice", type=int, default=10, help="nice of the stand-in engines and env services: the "
-                   "load generators, which a cluster runs on other nodes (0: share the cores equally)")
+    p.add_argument("--load-nice", type=int, default=10, help="nice of the engines and env services (0: equal)")
     args = p.parse_args()
     workdir = Path(args.keep_logs or tempfile.mkdtemp(prefix="cps-"))
     workdir.mkdir(parents=True, exist_ok=True)
