@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.network import node_ip
+
 log = logging.getLogger("asyncrl.node_files")
 
 Packed = dict[str, bytes]
@@ -53,10 +55,4 @@ def ensure_dir(path: str, shipped: Optional[list[Any]]) -> None:
     import ray
 
     unpack_dir(ray.get(shipped[0]), path)
-    log.info("unpacked checkpoint %s on node %s (shipped through Ray's object store)", path, _node())
-
-
-def _node() -> str:
-    from asyncrl.network import node_ip
-
-    return node_ip()
+    log.info("unpacked checkpoint %s on node %s (shipped through Ray's object store)", path, node_ip())

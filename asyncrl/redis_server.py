@@ -53,8 +53,8 @@ def _free_port(host: str) -> int:
 
 class EmbeddedRedis:
     """A redis-server child process on `host` (127.0.0.1 unless the run spans hosts: cluster.host) with AOF
-    persistence under `data_dir`. On another interface than loopback it has no password and protected mode
-    off, like Ray's own GCS: keep the cluster's network private.
+    persistence under `data_dir`. On another interface than loopback it has no password, like Ray's own GCS
+    (protected mode, on, refuses only a server with no explicit --bind): keep the cluster's network private.
 
     `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
     and waits. Restarting on the same `data_dir` reloads every write that reached the AOF: with
@@ -102,8 +102,7 @@ class EmbeddedRedis:
             "--bind", self.host, "--port", str(self.port),
             "--dir", str(self.data_dir), "--logfile", str(self.data_dir / "redis.log"),
             "--appendonly", "yes" if self.aof else "no", "--appendfsync", self.appendfsync,
-            "--save", "", "--daemonize", "no",
-            "--protected-mode", "yes" if self._local_host.startswith("127.") else "no",
+            "--save", "", "--daemonize", "no", "--protected-mode", "yes",
         ]
 
     def _wait_ready(self, timeout_s: float) -> bool:
