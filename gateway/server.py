@@ -87,7 +87,7 @@ def _session_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/sessions/{sid}")
     async def get_session(sid: str) -> Response:
-        return json_response(sessions.get(sid).record().model_dump())
+        return Response(sessions.get(sid).record_json(), media_type="application/json")
 
     @app.post("/sessions/{sid}/finish", openapi_extra=json_body(FinishSessionRequest))
     async def finish_session(sid: str, request: Request) -> Response:
