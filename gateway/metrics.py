@@ -6,6 +6,8 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from asyncrl.gc_metrics import register_gc_metrics
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ADDED_LATENCY_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015,
                          0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
@@ -39,5 +41,6 @@ class GatewayMetrics:
         self.added_latency = Histogram(f"{p}added_latency_seconds", "turn latency minus the engines' own "
                                        "e2e_latency: gateway work, the engine hop's HTTP, failover and waits",
                                        ["api"], buckets=ADDED_LATENCY_BUCKETS, registry=r)
+        register_gc_metrics(r, p)
         self.engine_latency = Histogram(f"{p}engine_latency_seconds", "engine call latency",
                                         buckets=LATENCY_BUCKETS, registry=r)

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from asyncrl.gc_metrics import register_gc_metrics
+
 PREFIX = "asyncrl_orchestrator_"
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 EPISODE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -37,6 +39,7 @@ class OrchestratorMetrics:
     def __init__(self, overhead_window: int = 100_000, pause_reasons: Callable[[], list[str]] = list) -> None:
         self.registry = CollectorRegistry()
         r, p = self.registry, PREFIX
+        register_gc_metrics(r, p)
         self.episodes = Counter(f"{p}episodes", "Episodes finished, by env and final status (completed, truncated, "
                                 "given_up)", ["env", "status"], registry=r)
         self.retries = Counter(f"{p}retries", "Re-dispatches, by env and reason (a failure's reason, or refused, "
