@@ -24,9 +24,10 @@ Then the orchestrator is paused and the groups in flight drain: every group star
 `groups` stream with all its samples (zero lost), and sessions' engine sequences (GET /sessions/{sid} of up
 to 1,000 recorded sessions) give the prefix affinity: turns after the first on the previous turn's engine.
 The machine is shared: load averages are recorded. On a cluster the engines and the env services run on
-nodes of their own; here they share the control plane's 2 cores, so they run at nice `--load-nice` (10):
-the gateway, the orchestrator and Redis get the CPU first, as they would on their own node. `--load-nice 0`
-shares the cores equally (bench/results/control_plane_scale_nice0.md).
+nodes of their own; here they share the control plane's 2 cores, so by default they run as SCHED_IDLE
+(`--load-priority idle`): they take only CPU time the gateway, the orchestrator and Redis leave, as on a
+cluster. `--load-priority 10` runs them at nice 10 (the control plane still first, but not always),
+`--load-priority 0` shares the cores equally (bench/results/control_plane_scale_nice{10,0}.md).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
-from bench.procs import Measured, Proc  # noqa: E402
+from bench.procs import Measured, Priority, Proc, parse_priority  # noqa: E402
 
 RUN = "scale"
 GROUP_SIZE = 8
@@ -70,12 +71,12 @@ def key(name: str) -> str:
 class Fleet:
     """The stand-in engines: the victim alone in a process (killed and restarted on its port), the rest packed."""
 
-    def __init__(self, workdir: Path, count: int, per_process: int, model_args: list[str], nice: int) -> None:
-        self.workdir, self.model_args, self.nice = workdir, model_args, nice
+    def __init__(self, workdir: Path, count: int, per_process: int, model_args: list[str], priority: Priority) -> None:
+        self.workdir, self.model_args, self.priority = workdir, model_args, priority
         cmd = [sys.executable, "-m", "bench.standin_engine", *model_args]
-        self.victim = Proc(workdir, "engine-victim", [*cmd, "--engines", "1", "--name", "victim"], nice=nice)
+        self.victim = Proc(workdir, "engine-victim", [*cmd, "--engines", "1", "--name", "victim"], priority=priority)
         sizes = [per_process] * ((count - 1) // per_process) + ([(count - 1) % per_process] if (count - 1) % per_process else [])
-        self.packed = [Proc(workdir, f"engines{i}", [*cmd, "--engines", str(n), "--name", f"p{i}-"], nice=nice)
+        self.packed = [Proc(workdir, f"engines{i}", [*cmd, "--engines", str(n), "--name", f"p{i}-"], priority=priority)
                        for i, n in enumerate(sizes)]
         self.victim_url = self.victim.wait_url()
         self.urls = [self.victim_url] + [u for p in self.packed for u in p.wait_url().splitlines()]
@@ -94,7 +95,7 @@ class Fleet:
         port = int(self.victim_url.rsplit(":", 1)[1])
         self.victim = Proc(self.workdir, "engine-victim", [sys.executable, "-m", "bench.standin_engine",
                                                            *self.model_args, "--engines", "1", "--name", "victim"],
-                           nice=self.nice, port=port)
+                           priority=self.priority, port=port)
         self.victim.wait_url()
 
     def cpu_s(self) -> float:
@@ -106,7 +107,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
              "--prefill-s-per-token", str(args.prefill_s_per_token), "--min-out", "16", "--max-out", str(MAX_NEW_TOKENS)]
     redis_server = EmbeddedRedis(workdir / "redis").start()
     stack = {"redis": redis_server}
-    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.load_nice)
+    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.load_priority)
     r = redis.Redis.from_url(redis_server.url)
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
     gateway = stack["gateway"] = Proc(workdir, "gateway", [
@@ -128,7 +129,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
     stack["envs"] = [Proc(workdir, f"env{i}", [sys.executable, "-m", "envs.serve", "--env", ENV, "--capacity",
                                                str(capacity), "--log-level", "WARNING",
                                                *[a for k, v in options.items() for a in ("--option", f"{k}={v}")]],
-                          nice=args.load_nice)
+                          priority=args.load_priority)
                      for i in range(args.env_services)]
     http = httpx.Client(base_url=stack["orchestrator_url"], timeout=60)
     for env in stack["envs"]:
@@ -149,6 +150,10 @@ def stop_stack(stack: dict) -> None:
         proc.stop()
     if "redis" in stack:
         stack["redis"].stop()
+
+
+def priority_words(priority: Priority) -> str:
+    return "SCHED_IDLE" if priority == "idle" else f"nice {priority}"
 
 
 def episode_s(args: argparse.Namespace) -> float:
@@ -190,12 +195,28 @@ def cpu_snapshot(stack: dict) -> dict[str, float]:
     return snap
 
 
-def histogram(text: str, name: str) -> dict[float, float]:
-    """Cumulative bucket counts (le -> count) of a histogram, summed over its label sets."""
+def histogram(text: str, name: str, label: str = "") -> dict[float, float]:
+    """Cumulative bucket counts (le -> count) of a histogram, summed over its label sets (those with `label`,
+    e.g. 'generation="2"', when given)."""
     buckets: dict[float, float] = {}
-    for le, value in re.findall(rf'^{name}_bucket{{.*?le="([^"]+)".*?}} (\S+)$', text, re.M):
-        buckets[float(le)] = buckets.get(float(le), 0.0) + float(value)
+    for labels, le, value in re.findall(rf'^{name}_bucket{{(.*?le="([^"]+)".*?)}} (\S+)$', text, re.M):
+        if label in labels:
+            buckets[float(le)] = buckets.get(float(le), 0.0) + float(value)
     return buckets
+
+
+def gc_pauses(before: str, after: str) -> dict[str, dict]:
+    """The gateway's GC collections in the window, per generation: how many, their seconds, how many > 10 ms."""
+    out = {}
+    for generation in range(3):
+        label = f'generation="{generation}"'
+        b0, b1 = histogram(before, "asyncrl_gateway_gc_pause_seconds", label), histogram(after, "asyncrl_gateway_gc_pause_seconds", label)
+        delta = {le: b1[le] - b0.get(le, 0.0) for le in b1}
+        sums = [sum(float(v) for v in re.findall(rf'^asyncrl_gateway_gc_pause_seconds_sum{{{label}}} (\S+)$', t, re.M))
+                for t in (before, after)]
+        out[str(generation)] = {"count": int(delta.get(math.inf, 0)), "seconds": round(sums[1] - sums[0], 3),
+                                "over_10ms": int(delta.get(math.inf, 0) - delta.get(0.01, 0))}
+    return out
 
 
 def quantile(buckets: dict[float, float], q: float) -> float:
@@ -444,6 +465,7 @@ def figures(args: argparse.Namespace, stack: dict, w: dict, sampler: Sampler) ->
         "in_flight_at_start": before["status"]["in_flight"], "in_flight_at_end": after["status"]["in_flight"],
         "gateway_added_latency": {"p50_ms": round(1e3 * quantile(added, 0.5), 3),
                                   "p99_ms": round(1e3 * quantile(added, 0.99), 3), "n": int(added[math.inf])},
+        "gateway_gc_pauses": gc_pauses(before["metrics"], after["metrics"]),
         "client_minus_engine_latency": client_overhead(stack["stats_dir"], before["t"], after["t"]),
         "dispatch_overhead": {"p50_ms": round(overhead["p50_ms"], 2), "p99_ms": round(overhead["p99_ms"], 2),
                               "max_ms": round(overhead["max_ms"], 2), "n": overhead["count"]},
@@ -512,6 +534,8 @@ def to_markdown(report: dict) -> str:
         f"- client-observed chat latency minus the engines' own: p50 {f['client_minus_engine_latency']['p50_ms']} ms, "
         f"p99 {f['client_minus_engine_latency']['p99_ms']} ms ({f['client_minus_engine_latency']['n']} turns; env client, "
         "both HTTP hops and the gateway, on the same loaded cores)",
+        "- gateway GC collections in the window (generation: count, seconds, over 10 ms): " +
+        "; ".join(f"{g}: {p['count']}, {p['seconds']} s, {p['over_10ms']}" for g, p in f["gateway_gc_pauses"].items()),
         f"- gateway engine errors (failed over) {f['engine_errors']}; events: " +
         ", ".join(f"{e['event']} at {e['at_s']} s" for e in f["events"]), "",
         "## Cost per component", "",
@@ -556,7 +580,8 @@ def main() -> None:
     p.add_argument("--down-s", type=float, default=15.0, help="seconds the victim engine stays dead")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
-    p.add_argument("--load-nice", type=int, default=10, help="nice of the engines and env services (0: equal)")
+    p.add_argument("--load-priority", type=parse_priority, default="idle",
+                   help="CPU priority of the engines and env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
     args = p.parse_args()
     workdir = Path(args.keep_logs or tempfile.mkdtemp(prefix="cps-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -593,7 +618,7 @@ def main() -> None:
                    f"time between them, mean episode ~{episode_s(args):.0f} s), group_size {GROUP_SIZE}, real gateway, "
                    f"orchestrator and redis-server (AOF). Two weight pushes (trainer.weight_push.WeightSync, tensor, "
                    f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines and env "
-                   f"services at nice {args.load_nice} (the control plane at 0)."),
+                   f"services at {priority_words(args.load_priority)} (the control plane at nice 0)."),
         "load_start": load_start, "load_end": round(os.getloadavg()[0], 2),
         "args": vars(args), "figures": f, "targets": targets(f),
     }

@@ -73,7 +73,7 @@ def bench_orchestrator(workdir: Path, concurrency: int, services: list[str], env
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis.url, "--run", f"bench{concurrency}",
         "--llm-url", "http://127.0.0.1:9/v1", "--max-in-flight", str(concurrency), "--group-size", str(GROUP_SIZE),
         "--max-unconsumed-groups", "0", "--heartbeat-interval-s", "5", "--heartbeat-timeout-s", "60",
-        "--episode-timeout-s", str(10 * sleep_s), "--log-level", "WARNING"], nice=nice)
+        "--episode-timeout-s", str(10 * sleep_s), "--log-level", "WARNING"], priority=nice)
     try:
         http = httpx.Client(base_url=orch.wait_url(), timeout=60)
         for url in services:

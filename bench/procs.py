@@ -3,14 +3,38 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Union
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+Priority = Union[int, str]
+"""A child's CPU priority: a nice increment, or "idle" (SCHED_IDLE: it runs only on CPU time no other
+process wants, as a load generator on nodes of its own would take none from the processes measured)."""
+
+
+def parse_priority(value: str) -> Priority:
+    if value == "idle":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a nice increment (an integer) or 'idle'") from None
+
+
+def lower_priority(priority: Priority) -> None:
+    """In the child, before exec."""
+    if priority == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.nice(priority)
 
 
 class Measured:
@@ -30,14 +54,14 @@ class Measured:
 class Proc(Measured):
     """A child serving on 127.0.0.1 `port` (0: a free one) that writes its URL to --url-file."""
 
-    def __init__(self, workdir: Path, name: str, argv: list[str], nice: int = 0, port: int = 0) -> None:
+    def __init__(self, workdir: Path, name: str, argv: list[str], priority: Priority = 0, port: int = 0) -> None:
         self.url_file = workdir / f"{name}.url"
         self.url_file.unlink(missing_ok=True)
         self.log = open(workdir / f"{name}.log", "ab")
         self.popen = subprocess.Popen([*argv, "--port", str(port), "--url-file", str(self.url_file)], cwd=ROOT,
                                       stdout=self.log, stderr=subprocess.STDOUT,
                                       env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                      preexec_fn=(lambda: lower_priority(priority)) if priority else None)
         super().__init__(self.popen.pid)
 
     def wait_url(self, timeout_s: float = 120.0) -> str:

@@ -82,5 +82,6 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
                f["affinity"]["turn_same_engine_fraction"], f["redis"]["mb_per_1000_samples"], f["tokens_per_sample"],
                *f["cpu_ms_per_episode"].values(), *f["peak_rss_mb"].values()]
     assert all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers), numbers
+    assert f["gateway_gc_pauses"]["0"]["count"] > 0  # the bench reads the gateway's GC pauses
     assert set(f["cpu_ms_per_episode"]) == {"gateway", "orchestrator", "redis", "env_services", "engines"}
     assert "Control plane at cluster scale" in out.with_suffix(".md").read_text()
