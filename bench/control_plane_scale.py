@@ -565,7 +565,7 @@ def sample_sizes(stack: dict) -> dict:
             "stream_bytes_per_sample": round(stream_bytes / max(r.xlen(key("samples")), 1))}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engines", type=int, default=64)
     p.add_argument("--engines-per-process", type=int, default=16)
@@ -582,7 +582,11 @@ def main() -> None:
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
     p.add_argument("--load-priority", type=parse_priority, default="idle",
                    help="CPU priority of the engines and env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     workdir = Path(args.keep_logs or tempfile.mkdtemp(prefix="cps-"))
     workdir.mkdir(parents=True, exist_ok=True)
     load_start = round(os.getloadavg()[0], 2)
