@@ -151,6 +151,11 @@ class RolloutConfig:
     """Default sampling of rollout turns (SamplingConfig)."""
 
 
+def _check_gc_sweep_s(value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"gc_sweep_s must be >= 0 (0: no survivor freezing), got {value}")
+
+
 @dataclass
 class GatewayConfig:
     host: str = "127.0.0.1"
@@ -198,6 +203,14 @@ class GatewayConfig:
     from rollout.routing_replay."""
     engine_api_key: Optional[str] = field(default=None, repr=False)
     """Sent to the engines as `Authorization: Bearer <key>`. Set by the launcher from rollout.api_key."""
+    gc_sweep_s: float = 600.0
+    """Seconds between sweeps of the frozen heap (asyncrl/gc_policy.py): what survives a garbage collection is
+    frozen, so no later collection walks the long-lived state again (their pauses were the gateway's latency
+    tail), and each sweep frees the reference cycles that died frozen, at the cost of one full collection's
+    pause. 0: CPython's generational collection instead."""
+
+    def __post_init__(self) -> None:
+        _check_gc_sweep_s(self.gc_sweep_s)
 
 
 @dataclass
@@ -310,6 +323,14 @@ class OrchestratorConfig:
     """One orchestrator per run: it holds a Redis lease; a successor waits until it expires."""
     rate_window_s: float = 10.0
     """Window of the episodes_per_s figure."""
+    gc_sweep_s: float = 600.0
+    """Seconds between sweeps of the frozen heap (asyncrl/gc_policy.py): what survives a garbage collection is
+    frozen, so no later collection walks the long-lived state again (their pauses were the orchestrator's latency
+    tail), and each sweep frees the reference cycles that died frozen, at the cost of one full collection's
+    pause. 0: CPython's generational collection instead."""
+
+    def __post_init__(self) -> None:
+        _check_gc_sweep_s(self.gc_sweep_s)
 
 
 @dataclass

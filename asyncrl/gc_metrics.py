@@ -3,8 +3,8 @@
 A collection stops the event loop for as long as it walks the objects of its generations, so a service
 holding many objects shows its full collections as latency spikes (the gateway's p99 was those pauses:
 bench/results/control_plane_scale.md). `<prefix>gc_pause_seconds{generation}` times every collection;
-`<prefix>gc_frozen_objects` counts what asyncrl.service.tune_gc_for_serving put beyond the collector's
-reach. One gc callback per process feeds every registry that asks (tests build many apps in one process).
+`<prefix>gc_frozen_objects` counts what asyncrl.gc_policy put beyond the collector's reach. One gc
+callback per process feeds every registry that asks (tests build many apps in one process).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from asyncrl.gc_policy import frozen_objects
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
 GENERATIONS = 3
@@ -56,8 +58,9 @@ class GcCollector(Collector):
                 cumulative.append((str(le) if le != math.inf else "+Inf", (cumulative[-1][1] if cumulative else 0) + n))
             pauses.add_metric([str(generation)], cumulative, _PAUSES.sums[generation])
         yield pauses
-        yield GaugeMetricFamily(f"{self.prefix}gc_frozen_objects", "objects frozen at start (gc.freeze): never walked",
-                                value=gc.get_freeze_count())
+        yield GaugeMetricFamily(f"{self.prefix}gc_frozen_objects", "objects frozen (gc.freeze) at start or at the "
+                                "last sweep (asyncrl/gc_policy.py): no collection walks them, a sweep does",
+                                value=frozen_objects())
 
 
 def register_gc_metrics(registry: CollectorRegistry, prefix: str) -> None:

@@ -9,7 +9,6 @@ asked for port 0 learns the port without races.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hmac
 import logging
 import signal
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.config import section_data
+from asyncrl.gc_policy import SurvivorFreezer, freeze_startup_heap
 from asyncrl.network import http_url
 
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
@@ -233,12 +233,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, log_level: str = "warning",
-          keep_alive_s: float = 5.0) -> None:
+          keep_alive_s: float = 5.0, gc_sweep_s: float = 0.0) -> None:
     """Serve until SIGINT/SIGTERM: stop accepting, finish in-flight requests, run the app's shutdown,
     exit 0. (uvicorn re-raises the signal after its graceful shutdown; the no-op handlers installed
     here absorb that, so a clean stop is not reported as death by signal.) `keep_alive_s`: how long an
     idle client connection stays open (uvicorn's default 5 s; longer for clients that pause between
-    calls, so they rarely race a closing connection)."""
+    calls, so they rarely race a closing connection). `gc_sweep_s` > 0: for a process whose latency tail was
+    the cyclic GC walking many long-lived objects (the control plane), asyncrl.gc_policy.SurvivorFreezer,
+    sweeping every that many seconds."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     sock = bind_socket(host, port)
@@ -248,6 +250,11 @@ def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, lo
 
     async def run() -> None:
         serve_task = asyncio.create_task(server.serve(sockets=[sock]))
+        if gc_sweep_s > 0:
+            freezer = SurvivorFreezer(gc_sweep_s)
+            freezer.install()
+            sweeper = asyncio.create_task(freezer.sweep_forever())
+            serve_task.add_done_callback(lambda _: sweeper.cancel())
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -258,28 +265,10 @@ def serve(app: FastAPI, host: str, port: int, url_file: Optional[str] = None, lo
                 tmp.replace(url_file)
         await serve_task
 
-    tune_gc_for_serving()
+    freeze_startup_heap()
     with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
         runner.run(run())
     log.info("%s stopped", url)
-
-
-GC_THRESHOLDS = (700, 100, 10)
-"""gc.set_threshold for a service: CPython's young collections (700) as they are, the middle generation
-collected every 100th young collection rather than every 10th. A service's middle generation holds what
-outlived one young collection (open sessions, idle keep-alive connections, requests in flight), so each
-of its collections stopped the gateway's loop ~18 ms, 0.65 s a minute; collected 10x less often, most of
-those objects are freed by refcount first, and full collections (every 10th middle one) come 10x rarer."""
-
-
-def tune_gc_for_serving() -> None:
-    """Move everything built so far (modules, the app, a tokenizer's vocabulary: the gateway's 250,000
-    objects) out of the cyclic GC's reach: it lives as long as the process, and each full collection
-    walked it again, 0.13 s with the event loop stopped (bench/results/control_plane_scale.md). Then
-    GC_THRESHOLDS."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _fast_loop_factory():

@@ -153,7 +153,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     store = Store.connect(cfg.redis_url, cfg.run_name or "asyncrl") if cfg.redis_url else None
     if store is None:
         log.warning("no --redis-url: sessions cannot be finished (only aborted)")
-    serve(build_app(cfg, template, store), cfg.host, cfg.port, url_file=url_file, keep_alive_s=CLIENT_KEEP_ALIVE_S)
+    serve(build_app(cfg, template, store), cfg.host, cfg.port, url_file=url_file, keep_alive_s=CLIENT_KEEP_ALIVE_S,
+          gc_sweep_s=cfg.gc_sweep_s)
 
 
 if __name__ == "__main__":

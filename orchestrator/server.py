@@ -148,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     cfg, args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     use_uvloop()
-    serve(build_app(cfg), cfg.host, cfg.port, url_file=args.url_file)
+    serve(build_app(cfg), cfg.host, cfg.port, url_file=args.url_file, gc_sweep_s=cfg.gc_sweep_s)
 
 
 def use_uvloop() -> None:
