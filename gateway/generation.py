@@ -41,9 +41,9 @@ class EngineRequestError(ValueError):
     """The engine refused the request itself (4xx, e.g. a prompt longer than its context): a 400."""
 
 
-def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> EngineCall:
+def engine_call(engine: str, response: GenerateResponse, prompt_len: int, wall_s: float) -> EngineCall:
     """Per-token facts of an engine response to a prompt of `prompt_len` tokens: ids, log-probs, integer
-    weight versions, and the routed experts if the engine returned them."""
+    weight versions, and the routed experts if the engine returned them; `wall_s`: the call so far."""
     meta = response.meta_info
     n = len(response.output_ids)
     logprobs = [float(entry[0]) for entry in (meta.output_token_logprobs or [])][:n]
@@ -58,7 +58,7 @@ def engine_call(engine: str, response: GenerateResponse, prompt_len: int) -> Eng
     if top and len(top) != n:
         raise EngineRequestError(f"engine {engine} returned top log-probs for {len(top)} of {n} tokens")
     return EngineCall(engine, list(response.output_ids), logprobs, versions, finish["type"], finish.get("matched"),
-                      meta.e2e_latency, routing, top, cached_tokens=meta.cached_tokens)
+                      meta.e2e_latency, routing, top, cached_tokens=meta.cached_tokens, wall_s=wall_s)
 
 
 def _routing_rows(engine: str, meta: MetaInfo, rows: int) -> Optional[np.ndarray]:
@@ -197,12 +197,15 @@ class TurnRunner:
             if not stream:
                 response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing,
                                                         top_logprobs_num=top)
-                yield engine_call(engine.url, response, len(prompt)), True
+                call = engine_call(engine.url, response, len(prompt), time.perf_counter() - started)
+                self.metrics.engine_hop.observe(max(call.wall_s - call.engine_latency_s, 0.0))
+                yield call, True
                 return
             async with aclosing(engine.client.generate_stream(prompt, params, rid=rid, return_routed_experts=routing,
                                                               top_logprobs_num=top)) as snapshots:
                 async for snapshot in snapshots:
-                    yield engine_call(engine.url, snapshot, len(prompt)), snapshot.meta_info.finish_reason is not None
+                    yield (engine_call(engine.url, snapshot, len(prompt), time.perf_counter() - started),
+                           snapshot.meta_info.finish_reason is not None)
         finally:
             engine.in_flight -= 1
             session.in_flight.pop(rid, None)

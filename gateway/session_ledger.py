@@ -58,6 +58,8 @@ class EngineCall:
     """Not the engine's: tokens the gateway wrote into the model's turn (tool_choice), recorded with mask 0."""
     cached_tokens: int = 0
     """Prompt tokens the engine served from its prefix cache (its meta_info.cached_tokens)."""
+    wall_s: float = 0.0
+    """The call's time as the gateway saw it: the engine's own e2e_latency and the HTTP hop both ways."""
 
 
 def forced_call(ids: Sequence[int]) -> EngineCall:
@@ -208,6 +210,11 @@ class Turn:
     @property
     def engine_latency_s(self) -> float:
         return sum(call.engine_latency_s for call in self.calls)
+
+    @property
+    def engine_wall_s(self) -> float:
+        """Wall time of the engine calls that brought tokens (a failed call's time is the gateway's: failover)."""
+        return sum(call.wall_s for call in self.calls)
 
 
 class Session:

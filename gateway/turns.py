@@ -174,6 +174,7 @@ class Turns:
         elapsed = time.perf_counter() - started
         self.metrics.turn_latency.labels(api).observe(elapsed)
         self.metrics.added_latency.labels(api).observe(max(elapsed - turn.engine_latency_s, 0.0))
+        self.metrics.own_latency.labels(api).observe(max(elapsed - turn.engine_wall_s, 0.0))
 
 
 class _AbortUnlessCommitted:

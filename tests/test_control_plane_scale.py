@@ -77,7 +77,10 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
     assert [e["event"] for e in f["events"]] == ["push v1", "push v2", "victim engine SIGKILL", "victim engine restarted"]
     assert all(p["engines"] == 4 and not p["failed"] for p in f["pushes"])
     assert f["engine_errors"] >= 0 and f["episodes"] > 0 and f["requests"] > 0
-    numbers = [f["gateway_added_latency"]["p99_ms"], f["dispatch_overhead"]["p99_ms"],
+    assert f["gateway_own_latency"]["n"] == f["gateway_added_latency"]["n"] == f["requests"]
+    assert f["gateway_own_latency"]["p50_ms"] <= f["gateway_added_latency"]["p50_ms"] and f["engine_hop"]["n"] > 0
+    numbers = [f["gateway_added_latency"]["p99_ms"], f["gateway_own_latency"]["p99_ms"], f["engine_hop"]["p99_ms"],
+               f["dispatch_overhead"]["p99_ms"],
                f["client_minus_engine_latency"]["p99_ms"], f["routing_balance"]["cv"], f["prefix_cache"]["cached_ratio"],
                f["affinity"]["turn_same_engine_fraction"], f["redis"]["mb_per_1000_samples"], f["tokens_per_sample"],
                *f["cpu_ms_per_episode"].values(), *f["peak_rss_mb"].values()]

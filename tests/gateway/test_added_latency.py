@@ -1,6 +1,8 @@
 """asyncrl_gateway_added_latency_seconds is a turn's latency minus the engine's own time: behind a stand-in
 engine that takes 0.4 s per call (bench/standin_engine.py), turns take >= 0.4 s while what the gateway adds
-stays far below it, and is not clamped to zero either."""
+stays far below it, and is not clamped to zero either. It splits exactly into the gateway's own time
+(asyncrl_gateway_own_latency_seconds: the turn less its engine calls' wall time) and the engine hop
+(asyncrl_gateway_engine_hop_seconds: each call's wall time less the engine's own)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from tests.services import ServiceProcess
 ENGINE_S = 0.4
 
 
-def histogram(text: str, name: str) -> tuple[float, float]:
-    """(sum, count) of a histogram's api="chat" series in Prometheus text."""
-    values = [float(re.search(rf'^{name}_{part}{{api="chat"}} (\S+)$', text, re.M).group(1)) for part in ("sum", "count")]
+def histogram(text: str, name: str, labels: str = '{api="chat"}') -> tuple[float, float]:
+    """(sum, count) of a histogram's series (api="chat" unless other `labels`) in Prometheus text."""
+    values = [float(re.search(rf'^{name}_{part}{re.escape(labels)} (\S+)$', text, re.M).group(1))
+              for part in ("sum", "count")]
     return values[0], values[1]
 
 
@@ -41,3 +44,7 @@ def test_added_latency_excludes_engine_time(redis_server, run_name, tmp_path):
     assert turns == added == 3
     assert turn_sum >= 3 * ENGINE_S
     assert 0 < added_sum < 3 * 0.1, added_sum
+    own_sum, own = histogram(text, "asyncrl_gateway_own_latency_seconds")
+    hop_sum, hops = histogram(text, "asyncrl_gateway_engine_hop_seconds", labels="")
+    assert own == hops == 3 and 0 < own_sum < added_sum and hop_sum > 0
+    assert abs(own_sum + hop_sum - added_sum) < 1e-6, (own_sum, hop_sum, added_sum)

@@ -69,9 +69,9 @@ def _response(ids: int, finish: dict, routing: np.ndarray) -> GenerateResponse:
 
 def test_engine_calls_keep_one_row_per_token_and_refuse_other_payloads():
     rows = np.arange(4 * 6).reshape(4, 6)  # prompt 3 + output 2 - 1 rows, 6 ids a row
-    call = engine_call("e", _response(2, {"type": "length", "length": 2}, rows), prompt_len=3)
+    call = engine_call("e", _response(2, {"type": "length", "length": 2}, rows), prompt_len=3, wall_s=0.1)
     assert np.array_equal(call.routed_experts, rows)
-    aborted = engine_call("e", _response(2, {"type": "abort", "message": "x"}, rows[:2]), prompt_len=3)
+    aborted = engine_call("e", _response(2, {"type": "abort", "message": "x"}, rows[:2]), prompt_len=3, wall_s=0.1)
     assert aborted.routed_experts is None  # its rows stop where the abort caught it: the next call covers them
     with pytest.raises(EngineRequestError, match="engine e: routed_experts holds 23 expert ids"):
-        engine_call("e", _response(2, {"type": "length", "length": 2}, rows.flatten()[:23]), prompt_len=3)
+        engine_call("e", _response(2, {"type": "length", "length": 2}, rows.flatten()[:23]), prompt_len=3, wall_s=0.1)
