@@ -30,6 +30,8 @@ nodes of their own; here they share the control plane's 2 cores, so by default t
 (`--load-priority idle`): they take only CPU time the gateway, the orchestrator and Redis leave, as on a
 cluster. `--load-priority 10` runs them at nice 10 (the control plane still first, but not always),
 `--load-priority 0` shares the cores equally (bench/results/control_plane_scale_nice{10,0}.md).
+`--engine-priority` sets the engines' apart: at SCHED_IDLE they wait behind the env services' CPU to answer
+(bench/results/control_plane_scale_engines_nice0.md has them at nice 0).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
              "--prefill-s-per-token", str(args.prefill_s_per_token), "--min-out", "16", "--max-out", str(MAX_NEW_TOKENS)]
     redis_server = EmbeddedRedis(workdir / "redis").start()
     stack = {"redis": redis_server}
-    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.load_priority)
+    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, engine_priority(args))
     r = redis.Redis.from_url(redis_server.url)
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
     gateway = stack["gateway"] = Proc(workdir, "gateway", [
@@ -152,6 +154,10 @@ def stop_stack(stack: dict) -> None:
         proc.stop()
     if "redis" in stack:
         stack["redis"].stop()
+
+
+def engine_priority(args: argparse.Namespace) -> Priority:
+    return args.load_priority if args.engine_priority is None else args.engine_priority
 
 
 def priority_words(priority: Priority) -> str:
@@ -594,6 +600,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
     p.add_argument("--load-priority", type=parse_priority, default="idle",
                    help="CPU priority of the engines and env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
+    p.add_argument("--engine-priority", type=parse_priority,
+                   help="the stand-in engines' own, when it differs from --load-priority (0: they answer as promptly as "
+                        "the control plane, as engines on nodes of their own do)")
     return p.parse_args()
 
 
@@ -633,8 +642,9 @@ def main() -> None:
                    f"{args.env_services} env services (ToolLoopEnv: {args.turns} chat turns, {args.tool_s} s +-50% tool "
                    f"time between them, mean episode ~{episode_s(args):.0f} s), group_size {GROUP_SIZE}, real gateway, "
                    f"orchestrator and redis-server (AOF). Two weight pushes (trainer.weight_push.WeightSync, tensor, "
-                   f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines and env "
-                   f"services at {priority_words(args.load_priority)} (the control plane at nice 0)."),
+                   f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines at "
+                   f"{priority_words(engine_priority(args))}, env services at {priority_words(args.load_priority)} (the "
+                   f"control plane at nice 0)."),
         "load_start": load_start, "load_end": round(os.getloadavg()[0], 2),
         "args": vars(args), "figures": f, "targets": targets(f),
     }
