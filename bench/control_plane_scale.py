@@ -467,7 +467,8 @@ def figures(args: argparse.Namespace, stack: dict, w: dict, sampler: Sampler) ->
     wall = after["mono"] - before["mono"]
     episodes = after["status"]["completed"] - before["status"]["completed"]
     turns = counter(after["metrics"], "asyncrl_gateway_turns_total") - counter(before["metrics"], "asyncrl_gateway_turns_total")
-    latency = lambda name: window_quantiles(before["metrics"], after["metrics"], f"asyncrl_gateway_{name}_seconds")  # noqa: E731
+    metrics = before["metrics"], after["metrics"]
+    latency = lambda name: window_quantiles(*metrics, f"asyncrl_gateway_{name}_seconds")  # noqa: E731
     overhead = httpx.get(f"{stack['orchestrator_url']}/v1/status", params={"overhead_since": before["t"]},
                          timeout=60).json()["dispatch_overhead"]
     cpu = {k: after["cpu"][k] - before["cpu"][k] for k in after["cpu"]}
