@@ -45,8 +45,9 @@ class GatewayMetrics:
                                      "calls as the gateway saw them: gateway work, failover and waits, not the "
                                      "engine hop", ["api"], buckets=ADDED_LATENCY_BUCKETS, registry=r)
         self.engine_hop = Histogram(f"{p}engine_hop_seconds", "an engine call's wall time minus the engine's own "
-                                    "e2e_latency: HTTP both ways and the engine server's work outside its "
-                                    "scheduler (non-streamed calls)", buckets=ADDED_LATENCY_BUCKETS, registry=r)
+                                    "e2e_latency: HTTP both ways, the gateway's client encoding the request and "
+                                    "parsing the reply, the engine server's work outside its scheduler "
+                                    "(non-streamed calls)", buckets=ADDED_LATENCY_BUCKETS, registry=r)
         register_gc_metrics(r, p)
         self.engine_latency = Histogram(f"{p}engine_latency_seconds", "engine call latency",
                                         buckets=LATENCY_BUCKETS, registry=r)
