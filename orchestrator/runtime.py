@@ -73,13 +73,14 @@ class Runtime:
     async def _publish_metrics(self) -> None:
         """A record in the run's metrics stream every few seconds (`asyncrl watch`, TensorBoard): the whole
         status in the one `orchestrator` shape (asyncrl.run_metrics.orchestrator_record), totals, pause
-        reasons and every env's health, load and outcomes in each record."""
+        reasons and every env's health, load and outcomes in each record. The first at start: a run shorter
+        than the interval (an async tiny run takes ~3 s) has its orchestrator record too."""
         while True:
-            await asyncio.sleep(METRICS_INTERVAL_S)
             try:
                 await self.store.add_metrics("orchestrator", orchestrator_record(self.orch.status().model_dump()))
             except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down
                 log.warning("publishing metrics failed: %r", err)
+            await asyncio.sleep(METRICS_INTERVAL_S)
 
 
 async def _bounded(step: str, awaitable, timeout_s: float = 10.0) -> None:
