@@ -123,25 +123,28 @@ class EnginePool:
         self._health_task = asyncio.create_task(self._health_loop())
 
     async def check_health(self, spread_s: float = 0.0) -> None:
-        """One /health round over the engines; `spread_s` > 0 starts the checks evenly over that many seconds
-        (64 checks at once held the event loop ~35 ms every round: a tail for every turn then in flight)."""
+        """One /health round over the engines; `spread_s` > 0 starts one check every `spread_s / n` seconds
+        (64 checks started at once held the event loop ~35 ms every round: a tail for every turn then in
+        flight). Each result applies as it comes."""
         engines = list(self.engines.values())
         step = spread_s / max(len(engines), 1)
+        checks = []
+        for i, engine in enumerate(engines):
+            if i and step:
+                await asyncio.sleep(step)
+            checks.append(asyncio.create_task(self._check(engine)))
+        await asyncio.gather(*checks)
 
-        async def check(i: int, engine: EngineState) -> bool:
-            await asyncio.sleep(i * step)
-            return await engine.client.health(timeout_s=HEALTH_TIMEOUT_S)
-
-        results = await asyncio.gather(*(check(i, e) for i, e in enumerate(engines)))
-        for engine, ok in zip(engines, results):
-            engine.failed_checks = 0 if ok else engine.failed_checks + 1
-            if ok and not engine.healthy:
-                log.info("engine %s healthy again", engine.url)
-                engine.healthy = True
-                self._wake()
-            elif engine.healthy and engine.failed_checks >= HEALTH_FAILURES_TO_DROP:
-                log.warning("engine %s failed %d health checks in a row", engine.url, engine.failed_checks)
-                engine.healthy = False
+    async def _check(self, engine: EngineState) -> None:
+        ok = await engine.client.health(timeout_s=HEALTH_TIMEOUT_S)
+        engine.failed_checks = 0 if ok else engine.failed_checks + 1
+        if ok and not engine.healthy:
+            log.info("engine %s healthy again", engine.url)
+            engine.healthy = True
+            self._wake()
+        elif engine.healthy and engine.failed_checks >= HEALTH_FAILURES_TO_DROP:
+            log.warning("engine %s failed %d health checks in a row", engine.url, engine.failed_checks)
+            engine.healthy = False
 
     async def follow_registry(self) -> None:
         urls = sorted(set((await self.registry()).values()))
