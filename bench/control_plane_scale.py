@@ -25,13 +25,16 @@ completion rate is steady by then), a window of `window_s`:
 Then the orchestrator is paused and the groups in flight drain: every group started must be in the
 `groups` stream with all its samples (zero lost), and sessions' engine sequences (GET /sessions/{sid} of up
 to 1,000 recorded sessions) give the prefix affinity: turns after the first on the previous turn's engine.
-The machine is shared: load averages are recorded. On a cluster the engines and the env services run on
-nodes of their own; here they share the control plane's 2 cores, so by default they run as SCHED_IDLE
-(`--load-priority idle`): they take only CPU time the gateway, the orchestrator and Redis leave, as on a
-cluster. `--load-priority 10` runs them at nice 10 (the control plane still first, but not always),
-`--load-priority 0` shares the cores equally (bench/results/control_plane_scale_nice{10,0}.md).
-`--engine-priority` sets the engines' apart: at SCHED_IDLE they wait behind the env services' CPU to answer
-(bench/results/control_plane_scale_engines_nice0.md has them at nice 0).
+The machine is shared: load averages are recorded. On a cluster the gateway, the engines and the env
+services run on nodes of their own; here they share 2 cores. By default (`--gateway-cpus 0`) the gateway
+has CPU 0 and the engines, the orchestrator, Redis and the weight push the other CPUs; the env services run
+on every CPU as SCHED_IDLE (`--load-priority idle`: they take only CPU time the others leave, so they
+neither delay the gateway nor starve when a push takes the other CPU) and the engines at nice 0
+(`--engine-priority 0`: they answer as promptly as engines on nodes of their own). `--env-cpus 1` keeps the
+env services off the gateway's CPU (bench/results/control_plane_scale_env_cpu1.md); `--gateway-cpus ''`
+shares every CPU among all processes (control_plane_scale_engines_nice0.md, and with `--engine-priority idle`
+control_plane_scale_engines_idle.md); `--load-priority 10` runs the env services at nice 10,
+`--load-priority 0` at equal priority (control_plane_scale_nice{10,0}.md, before the GC fixes).
 """
 
 from __future__ import annotations
@@ -58,13 +61,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
-from bench.procs import Measured, Priority, Proc, parse_priority  # noqa: E402
+from bench.procs import Measured, Priority, Proc, parse_cpus, parse_priority  # noqa: E402
 
 RUN = "scale"
 GROUP_SIZE = 8
 MAX_NEW_TOKENS = 48
 ENV = "bench.tool_loop_env.ToolLoopEnv"
 AFFINITY_SESSIONS = 1000
+USABLE_CPUS = frozenset(os.sched_getaffinity(0))
 
 
 def key(name: str) -> str:
@@ -111,12 +115,12 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
              "--prefill-s-per-token", str(args.prefill_s_per_token), "--min-out", "16", "--max-out", str(MAX_NEW_TOKENS)]
     redis_server = EmbeddedRedis(workdir / "redis").start()
     stack = {"redis": redis_server}
-    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, engine_priority(args))
+    fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.engine_priority)
     r = redis.Redis.from_url(redis_server.url)
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
     gateway = stack["gateway"] = Proc(workdir, "gateway", [
         sys.executable, "-m", "gateway.server", "--redis-url", redis_server.url, "--run", RUN, "--engines-from-redis",
-        "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"])
+        "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"], cpus=args.gateway_cpus)
     gateway_url = stack["gateway_url"] = gateway.wait_url()
     orch = stack["orchestrator"] = Proc(workdir, "orchestrator", [
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis_server.url, "--run", RUN, "--gateway",
@@ -133,7 +137,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
     stack["envs"] = [Proc(workdir, f"env{i}", [sys.executable, "-m", "envs.serve", "--env", ENV, "--capacity",
                                                str(capacity), "--log-level", "WARNING",
                                                *[a for k, v in options.items() for a in ("--option", f"{k}={v}")]],
-                          priority=args.load_priority)
+                          priority=args.load_priority, cpus=args.env_cpus)
                      for i in range(args.env_services)]
     http = httpx.Client(base_url=stack["orchestrator_url"], timeout=60)
     for env in stack["envs"]:
@@ -156,8 +160,12 @@ def stop_stack(stack: dict) -> None:
         stack["redis"].stop()
 
 
-def engine_priority(args: argparse.Namespace) -> Priority:
-    return args.load_priority if args.engine_priority is None else args.engine_priority
+def cpu_layout(args: argparse.Namespace) -> str:
+    if not args.gateway_cpus:
+        return "every process on every CPU"
+    rest = sorted(USABLE_CPUS - args.gateway_cpus)
+    return (f"the gateway on CPU {sorted(args.gateway_cpus)}, the env services on CPU {sorted(args.env_cpus)}, every "
+            f"other process on CPU {rest}")
 
 
 def priority_words(priority: Priority) -> str:
@@ -496,6 +504,8 @@ def figures(args: argparse.Namespace, stack: dict, w: dict, sampler: Sampler) ->
         "cpu_ms_per_episode": {k: round(1e3 * v / max(episodes, 1), 2) for k, v in cpu.items()},
         "cpu_ms_per_request": {k: round(1e3 * v / max(turns, 1), 2) for k, v in cpu.items()},
         "peak_rss_mb": {k: round(v, 1) for k, v in rss.items()},
+        "cpu_affinity": {name: sorted(set().union(*(p.ps.cpu_affinity() for p in procs)))
+                         for name, procs in groups(stack).items()},
         "redis": redis_growth(sampler.rows, before["t"], after["t"]),
     }
 
@@ -600,15 +610,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
     p.add_argument("--load-priority", type=parse_priority, default="idle",
-                   help="CPU priority of the engines and env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
-    p.add_argument("--engine-priority", type=parse_priority,
-                   help="the stand-in engines' own, when it differs from --load-priority (0: they answer as promptly as "
-                        "the control plane, as engines on nodes of their own do)")
-    return p.parse_args()
+                   help="CPU priority of the env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
+    p.add_argument("--engine-priority", type=parse_priority, default=0,
+                   help="the stand-in engines' (default 0: they answer as promptly as engines on nodes of their own)")
+    p.add_argument("--gateway-cpus", type=parse_cpus, default=str(min(USABLE_CPUS)) if len(USABLE_CPUS) > 1 else "",
+                   help="CPUs the gateway runs on alone, every other process on the rest ('': all share every CPU)")
+    p.add_argument("--env-cpus", type=parse_cpus, default=",".join(map(str, sorted(USABLE_CPUS))),
+                   help="CPUs the env services run on (default: every CPU; at SCHED_IDLE they use the gateway's only "
+                        "while it waits)")
+    args = p.parse_args()
+    for name in ("gateway_cpus", "env_cpus"):
+        if not getattr(args, name) <= USABLE_CPUS:
+            p.error(f"--{name.replace('_', '-')} {sorted(getattr(args, name))}: this process may use CPUs "
+                    f"{sorted(USABLE_CPUS)} only")
+    if args.gateway_cpus and not USABLE_CPUS - args.gateway_cpus:
+        p.error(f"--gateway-cpus {sorted(args.gateway_cpus)} leaves no CPU for the other processes")
+    return args
 
 
 def main() -> None:
     args = parse_args()
+    if args.gateway_cpus:  # the children but the gateway inherit this
+        os.sched_setaffinity(0, USABLE_CPUS - args.gateway_cpus)
     workdir = Path(args.keep_logs or tempfile.mkdtemp(prefix="cps-"))
     workdir.mkdir(parents=True, exist_ok=True)
     load_start = round(os.getloadavg()[0], 2)
@@ -644,13 +667,13 @@ def main() -> None:
                    f"time between them, mean episode ~{episode_s(args):.0f} s), group_size {GROUP_SIZE}, real gateway, "
                    f"orchestrator and redis-server (AOF). Two weight pushes (trainer.weight_push.WeightSync, tensor, "
                    f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines at "
-                   f"{priority_words(engine_priority(args))}, env services at {priority_words(args.load_priority)} (the "
-                   f"control plane at nice 0)."),
+                   f"{priority_words(args.engine_priority)}, env services at {priority_words(args.load_priority)} (the "
+                   f"control plane at nice 0); {cpu_layout(args)}."),
         "load_start": load_start, "load_end": round(os.getloadavg()[0], 2),
         "args": vars(args), "figures": f, "targets": targets(f),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1, default=sorted) + "\n")  # CPU sets
     Path(args.out).with_suffix(".md").write_text(to_markdown(report))
     print(to_markdown(report))
 

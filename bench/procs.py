@@ -33,8 +33,20 @@ def lower_priority(priority: Priority) -> None:
     """In the child, before exec."""
     if priority == "idle":
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
+    elif priority:
         os.nice(priority)
+
+
+def parse_cpus(value: str) -> frozenset[int]:
+    """'0' or '0,2-3' -> {0} or {0, 2, 3}; '' -> no pinning."""
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, value.split(",")):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: CPU numbers such as 0 or 0,2-3") from None
+    return frozenset(cpus)
 
 
 class Measured:
@@ -54,15 +66,24 @@ class Measured:
 class Proc(Measured):
     """A child serving on 127.0.0.1 `port` (0: a free one) that writes its URL to --url-file."""
 
-    def __init__(self, workdir: Path, name: str, argv: list[str], priority: Priority = 0, port: int = 0) -> None:
+    def __init__(self, workdir: Path, name: str, argv: list[str], priority: Priority = 0, port: int = 0,
+                 cpus: frozenset[int] = frozenset()) -> None:
+        """`cpus`: the CPUs it runs on (empty: the parent's)."""
         self.url_file = workdir / f"{name}.url"
         self.url_file.unlink(missing_ok=True)
         self.log = open(workdir / f"{name}.log", "ab")
         self.popen = subprocess.Popen([*argv, "--port", str(port), "--url-file", str(self.url_file)], cwd=ROOT,
                                       stdout=self.log, stderr=subprocess.STDOUT,
                                       env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                      preexec_fn=(lambda: lower_priority(priority)) if priority else None)
+                                      preexec_fn=lambda: self._setup(priority, cpus))
         super().__init__(self.popen.pid)
+
+    @staticmethod
+    def _setup(priority: Priority, cpus: frozenset[int]) -> None:
+        """In the child, before exec."""
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        lower_priority(priority)
 
     def wait_url(self, timeout_s: float = 120.0) -> str:
         deadline = time.monotonic() + timeout_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -88,3 +89,8 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
     assert f["gateway_gc_pauses"]["0"]["count"] > 0  # the bench reads the gateway's GC pauses
     assert set(f["cpu_ms_per_episode"]) == {"gateway", "orchestrator", "redis", "env_services", "engines"}
     assert "Control plane at cluster scale" in out.with_suffix(".md").read_text()
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) > 1:  # the default layout reached the processes: the gateway has the first CPU to itself
+        gateway, others = [usable[0]], usable[1:]
+        assert f["cpu_affinity"] == {"gateway": gateway, "env_services": usable, "orchestrator": others,
+                                     "redis": others, "engines": others}, f["cpu_affinity"]
