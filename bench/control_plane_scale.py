@@ -28,8 +28,8 @@ to 1,000 recorded sessions) give the prefix affinity: turns after the first on t
 The machine is shared: load averages are recorded. On a cluster the gateway, the engines and the env
 services run on nodes of their own; here they share 2 cores. By default (`--gateway-cpus 0`) the gateway
 has CPU 0 and the engines, the orchestrator, Redis and the weight push the other CPUs; the env services run
-on every CPU as SCHED_IDLE (`--load-priority idle`: they take only CPU time the others leave, so they
-neither delay the gateway nor starve when a push takes the other CPU) and the engines at nice 0
+on every CPU as SCHED_IDLE (`--load-priority idle`: they take only CPU time the others leave, and do not
+starve when a push takes the other CPU, which made their turns come in bursts) and the engines at nice 0
 (`--engine-priority 0`: they answer as promptly as engines on nodes of their own). `--env-cpus 1` keeps the
 env services off the gateway's CPU (bench/results/control_plane_scale_env_cpu1.md); `--gateway-cpus ''`
 shares every CPU among all processes (control_plane_scale_engines_nice0.md, and with `--engine-priority idle`
