@@ -128,12 +128,16 @@ class EnginePool:
         flight). Each result applies as it comes."""
         engines = list(self.engines.values())
         step = spread_s / max(len(engines), 1)
-        checks = []
-        for i, engine in enumerate(engines):
-            if i and step:
-                await asyncio.sleep(step)
-            checks.append(asyncio.create_task(self._check(engine)))
-        await asyncio.gather(*checks)
+        checks: list[asyncio.Task] = []
+        try:
+            for i, engine in enumerate(engines):
+                if i and step:
+                    await asyncio.sleep(step)
+                checks.append(asyncio.create_task(self._check(engine)))
+            await asyncio.gather(*checks)
+        finally:  # a round cancelled mid-spread (close) leaves no check running against a closed client
+            for check in checks:
+                check.cancel()
 
     async def _check(self, engine: EngineState) -> None:
         ok = await engine.client.health(timeout_s=HEALTH_TIMEOUT_S)
