@@ -517,14 +517,19 @@ class Job:
             nonlocal mark
             took[name], mark = time.monotonic() - mark, time.monotonic()
 
-        if self.collector is not None:
-            # after the last step the W&B run may take a while to finish (an upload in online mode)
-            _quietly(lambda: self.collector.stop(timeout_s=2 if interrupted else 30))
-        elif self.wandb is not None:  # a start that failed after the W&B run began
-            _quietly(self.wandb.close)
+        if self.collector is not None:  # the services' last /metrics, while they all still answer
+            _quietly(lambda: self.collector.collect_now(timeout_s=2 if interrupted else 15))
+        phase("last scrape")
         orchestrator = [h for name, h in self.services.items() if name == "orchestrator"]
         self._stop_services(orchestrator, grace_s, deadline)
         phase("orchestrator")
+        # after the orchestrator: its last metrics record (written as it stops) reaches the mirrors; after the
+        # last step the W&B run may take a while to finish (an upload in online mode)
+        if self.collector is not None:
+            _quietly(lambda: self.collector.stop(timeout_s=2 if interrupted else 30))
+        elif self.wandb is not None:  # a start that failed after the W&B run began
+            _quietly(self.wandb.close)
+        phase("metrics")
         if self.trainer is not None:
             self._stop_trainer(TRAINER_STOP_S if interrupted else max(1.0, deadline - time.monotonic()))
         phase("trainer")

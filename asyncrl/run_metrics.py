@@ -190,15 +190,32 @@ class Collector:
         self.scraper = ServiceScraper(orchestrator_url, self.headers, gateway_headers or {})
         self.status: Optional[dict[str, Any]] = None
         """The orchestrator's last /v1/status (the launcher's progress line reads it)."""
-        self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._asked = self._done = 0
+        """Rounds asked for by `collect_now` / the last of them the loop has finished."""
+        self._stopping = False
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="metrics", daemon=True)
 
     def start(self) -> "Collector":
         self._thread.start()
         return self
 
+    def collect_now(self, timeout_s: float = 15.0) -> None:
+        """A round (poll, mirror, scrape) started after this call, waited for: the launcher's last scrape at
+        the run's end, while every service still answers (a short run's only scrape may predate its first
+        episode)."""
+        with self._wake:
+            self._asked += 1
+            asked = self._asked
+            self._wake.notify_all()
+            self._wake.wait_for(lambda: self._done >= asked, timeout=timeout_s)
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
+        """A last read of the stream, then the mirrors close. Called after the orchestrator stopped (its
+        last record holds the final totals), so this read neither polls nor scrapes the services again."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
         self._thread.join(timeout=timeout_s)
 
     def final_status(self) -> Optional[dict[str, Any]]:
@@ -216,9 +233,17 @@ class Collector:
         try:
             async with httpx.AsyncClient(timeout=10) as http:
                 while True:
+                    with self._wake:
+                        asked = self._asked
+                    await self._poll(http)
                     await self._tick(store, http)
-                    if self._stop.wait(self.interval_s):
-                        await self._tick(store, http)
+                    with self._wake:
+                        self._done = asked
+                        self._wake.notify_all()
+                        self._wake.wait_for(lambda: self._stopping or self._asked > self._done, self.interval_s)
+                        stopping = self._stopping
+                    if stopping:
+                        await self._mirror(store)
                         return
         finally:
             for mirror in self.mirrors:
@@ -228,20 +253,31 @@ class Collector:
                     log.warning("closing %s failed: %r", type(mirror).__name__, err)
             await store.close()
 
-    async def _tick(self, store: Store, http: httpx.AsyncClient) -> None:
-        """One poll; a Redis failure skips it (each mirror catches up from its `after` next time)."""
-        # The orchestrator writes its own `orchestrator` records (one shape per source): this poll is only
-        # for the launcher's progress line and summary.
+    async def _poll(self, http: httpx.AsyncClient) -> None:
+        """The orchestrator's /v1/status, for the launcher's progress line and summary (its `orchestrator`
+        records in the stream are its own: one shape per source)."""
         self.status = await _get_json(http, f"{self.orchestrator_url}/v1/status", self.headers) or self.status
+
+    async def _tick(self, store: Store, http: httpx.AsyncClient) -> None:
+        """Mirror the stream, then scrape the services; a Redis failure skips both (each mirror catches up
+        from its `after` next time)."""
+        if await self._mirror(store) and self.scrape_to is not None:
+            try:
+                self.scrape_to.write_scraped(await self.scraper.scrape(http, store))
+            except (RedisError, OSError) as err:
+                log.warning("metrics scrape skipped: Redis failed (%r)", err)
+
+    async def _mirror(self, store: Store) -> bool:
+        """The stream's new records to each mirror; False when Redis failed."""
         try:
             after = min((m.after for m in self.mirrors), key=_stream_id)
             records = await store.read_metrics(after=after, count=100_000)
             for mirror in self.mirrors:
                 mirror.write(newer(records, mirror.after))
-            if self.scrape_to is not None:
-                self.scrape_to.write_scraped(await self.scraper.scrape(http, store))
+            return True
         except (RedisError, OSError) as err:
             log.warning("metrics poll skipped: Redis failed (%r)", err)
+            return False
 
 
 async def _get_json(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Optional[dict[str, Any]]:

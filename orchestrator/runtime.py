@@ -61,6 +61,7 @@ class Runtime:
         await _bounded("stopping the loops", asyncio.gather(*loops, return_exceptions=True))
         await _bounded("stopping the attempts", self.orch.close())
         await _bounded("flushing state to Redis", self.orch.ledger.sync())
+        await _bounded("writing the final metrics record", self._publish_once())
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
         await _bounded("releasing the lease", self.lease.release())
@@ -71,16 +72,20 @@ class Runtime:
         await self.lease.keep()
 
     async def _publish_metrics(self) -> None:
-        """A record in the run's metrics stream every few seconds (`asyncrl watch`, TensorBoard): the whole
-        status in the one `orchestrator` shape (asyncrl.run_metrics.orchestrator_record), totals, pause
-        reasons and every env's health, load and outcomes in each record. The first at start: a run shorter
-        than the interval (an async tiny run takes ~3 s) has its orchestrator record too."""
+        """A record in the run's metrics stream every few seconds (`asyncrl watch`, TensorBoard, W&B): the
+        whole status in the one `orchestrator` shape (asyncrl.run_metrics.orchestrator_record), totals, pause
+        reasons and every env's health, load and outcomes in each record. The first at start, and `stop`
+        writes a last one: a run shorter than the interval (an async tiny run takes ~3 s) still ends its
+        stream with its final totals and every env it served."""
         while True:
-            try:
-                await self.store.add_metrics("orchestrator", orchestrator_record(self.orch.status().model_dump()))
-            except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down
-                log.warning("publishing metrics failed: %r", err)
+            await self._publish_once()
             await asyncio.sleep(METRICS_INTERVAL_S)
+
+    async def _publish_once(self) -> None:
+        try:
+            await self.store.add_metrics("orchestrator", orchestrator_record(self.orch.status().model_dump()))
+        except Exception as err:  # noqa: BLE001 - metrics must not take the orchestrator down
+            log.warning("publishing metrics failed: %r", err)
 
 
 async def _bounded(step: str, awaitable, timeout_s: float = 10.0) -> None:

@@ -38,6 +38,15 @@ async def test_groups_are_dispatched_together_and_recorded_once(orchestrators, e
     metrics = orch.http.get("/metrics").text
     assert 'asyncrl_orchestrator_episodes_total{env="timed",status="completed"} 24.0' in metrics
     assert 'asyncrl_orchestrator_groups_completed_total{env="timed"} 6.0' in metrics
+    # stopping writes a last metrics record with the final totals: this run is shorter than the records'
+    # interval, so without it the stream would end with the record from start, before any env came
+    assert orch.stop() == 0, orch.proc.log()
+    store = Store.connect(redis_server.url, run_name)
+    try:
+        last = [values for _, source, values in await store.read_metrics() if source == "orchestrator"][-1]
+    finally:
+        await store.close()
+    assert (last["completed"], last["env/timed/completed"], last["env/timed/groups_completed"]) == (24, 24, 6)
 
 
 async def test_task_order_follows_the_seed(orchestrators, env_pool, redis_server, run_name):
