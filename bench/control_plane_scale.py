@@ -21,7 +21,8 @@ completion rate is steady by then), a window of `window_s`:
   asyncrl_gateway_engine_hop_seconds, which a client calling the engine directly pays too; and the env
   clients' wall time minus the engines' own seconds), orchestrator dispatch overhead (/v1/status?overhead_since),
   requests per engine (gateway /engines), cached-token ratio (the engines' counters), CPU seconds and peak
-  RSS per component (psutil), Redis used_memory against recorded samples every 2 s.
+  RSS per component (psutil), Redis used_memory against recorded samples every 2 s; and the machine's floor
+  under the hop, a null HTTP round trip from the gateway's CPU to the engines' every 20 ms (bench/hop_probe.py).
 Then the orchestrator is paused and the groups in flight drain: every group started must be in the
 `groups` stream with all its samples (zero lost), and sessions' engine sequences (GET /sessions/{sid} of up
 to 1,000 recorded sessions) give the prefix affinity: turns after the first on the previous turn's engine.
@@ -122,6 +123,13 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
         sys.executable, "-m", "gateway.server", "--redis-url", redis_server.url, "--run", RUN, "--engines-from-redis",
         "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"], cpus=args.gateway_cpus)
     gateway_url = stack["gateway_url"] = gateway.wait_url()
+    if args.hop_probe_interval_s > 0:  # the null hop: its server where the engines run, its client where the gateway
+        server = stack["hop_server"] = Proc(workdir, "hop-server", [sys.executable, "-m", "bench.hop_probe", "serve"],
+                                            priority=args.engine_priority)
+        stack["hop_probe"] = Proc(workdir, "hop-probe", [sys.executable, "-m", "bench.hop_probe", "probe", "--target",
+                                                         server.wait_url(), "--interval-s", str(args.hop_probe_interval_s)],
+                                  cpus=args.gateway_cpus)
+        stack["hop_probe_url"] = stack["hop_probe"].wait_url()
     orch = stack["orchestrator"] = Proc(workdir, "orchestrator", [
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis_server.url, "--run", RUN, "--gateway",
         gateway_url, "--max-in-flight", str(args.episodes), "--group-size", str(GROUP_SIZE),
@@ -149,7 +157,8 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
 
 def stop_stack(stack: dict) -> None:
     """SIGTERM to every child at once (env services drain for up to 30 s each), then wait for each."""
-    procs = [*stack.get("envs", []), stack.get("orchestrator"), stack.get("gateway"),
+    procs = [*stack.get("envs", []), stack.get("orchestrator"), stack.get("gateway"), stack.get("hop_probe"),
+             stack.get("hop_server"),
              *(stack["fleet"].procs if "fleet" in stack else [])]
     procs = [p for p in procs if p is not None and p.popen.poll() is None]
     for proc in procs:
@@ -416,6 +425,22 @@ def client_overhead(stats_dir: Path, since: float, until: float) -> dict:
             "p99_ms": round(1e3 * percentile(diffs, 0.99), 2)}
 
 
+def null_hop(stack: dict, since: float, until: float) -> dict:
+    """bench/hop_probe.py's round trips in the window (a request and reply of a turn's sizes, no work at either
+    end) and its timer's lateness: the machine's floor under the gateway's engine hop."""
+    if "hop_probe_url" not in stack:
+        return {}
+    samples = httpx.get(f"{stack['hop_probe_url']}/samples", params={"since": since, "until": until}, timeout=60).json()
+    if not samples:
+        return {}
+    rtt, late = [s[1] for s in samples], [s[2] for s in samples]
+    return {"n": len(samples), "p50_ms": round(1e3 * percentile(rtt, 0.5), 3),
+            "p99_ms": round(1e3 * percentile(rtt, 0.99), 3), "max_ms": round(1e3 * max(rtt), 3),
+            "timer_late_p99_ms": round(1e3 * percentile(late, 0.99), 3),
+            "timer_late_over_2ms_per_s": round(sum(x > 0.002 for x in late) / (until - since), 3),
+            "timer_late_max_ms": round(1e3 * max(late), 3)}
+
+
 def balance(before: dict[str, float], after: dict[str, float], exclude: str = "") -> dict:
     counts = [after[u] - before.get(u, 0) for u in after if u != exclude]
     mean = statistics.fmean(counts)
@@ -487,7 +512,7 @@ def figures(args: argparse.Namespace, stack: dict, w: dict, sampler: Sampler) ->
         "requests": int(turns), "requests_per_s": round(turns / wall, 1),
         "in_flight_at_start": before["status"]["in_flight"], "in_flight_at_end": after["status"]["in_flight"],
         "gateway_added_latency": latency("added_latency"), "gateway_own_latency": latency("own_latency"),
-        "engine_hop": latency("engine_hop"),
+        "engine_hop": latency("engine_hop"), "null_hop": null_hop(stack, before["t"], after["t"]),
         "gateway_gc_pauses": gc_pauses(before["metrics"], after["metrics"]),
         "client_minus_engine_latency": client_overhead(stack["stats_dir"], before["t"], after["t"]),
         "dispatch_overhead": {"p50_ms": round(overhead["p50_ms"], 2), "p99_ms": round(overhead["p99_ms"], 2),
@@ -540,6 +565,7 @@ def to_markdown(report: dict) -> str:
         f"| (the same less the engine hop: gateway p99 own latency <= 5 ms) | p50 {f['gateway_own_latency']['p50_ms']} "
         f"ms, p99 {f['gateway_own_latency']['p99_ms']} ms; the hop (engine call wall time minus the engine's own): p50 "
         f"{f['engine_hop']['p50_ms']} ms, p99 {f['engine_hop']['p99_ms']} ms | {ok(t['gateway_p99_own_latency_le_5ms'])} |",
+        *null_hop_row(f),
         f"| orchestrator p99 dispatch overhead <= 50 ms | p50 {f['dispatch_overhead']['p50_ms']} ms, p99 "
         f"{f['dispatch_overhead']['p99_ms']} ms, max {f['dispatch_overhead']['max_ms']} ms ({f['dispatch_overhead']['n']} "
         f"dispatches) | {ok(t['orchestrator_p99_dispatch_overhead_le_50ms'])} |",
@@ -583,6 +609,18 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def null_hop_row(f: dict) -> list[str]:
+    """The machine's floor next to the targets it bounds (no row when the probe was off)."""
+    n = f.get("null_hop")
+    if not n:
+        return []
+    return [f"| (the floor: a null HTTP round trip from the gateway's CPU to the engines', bench/hop_probe.py) | p50 "
+            f"{n['p50_ms']} ms, p99 {n['p99_ms']} ms, max {n['max_ms']} ms ({n['n']} round trips); its timer fired > 2 "
+            f"ms late {n['timer_late_over_2ms_per_s']} times a second (p99 {n['timer_late_p99_ms']} ms, max "
+            f"{n['timer_late_max_ms']} ms); gateway hop p99 / null p99 = "
+            f"{round(f['engine_hop']['p99_ms'] / max(n['p99_ms'], 1e-9), 2)} | |"]
+
+
 def sample_sizes(stack: dict) -> dict:
     """Mean tokens of the last 200 samples, and the samples stream's own bytes per sample (MEMORY USAGE)."""
     from asyncrl.types import Sample
@@ -608,6 +646,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--window-s", type=float, default=90.0)
     p.add_argument("--down-s", type=float, default=15.0, help="seconds the victim engine stays dead")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
+    p.add_argument("--hop-probe-interval-s", type=float, default=0.02,
+                   help="between the null hop's round trips (bench/hop_probe.py; 0: no probe)")
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
     p.add_argument("--load-priority", type=parse_priority, default="idle",
                    help="CPU priority of the env services: idle (SCHED_IDLE) or a nice increment (0: equal)")

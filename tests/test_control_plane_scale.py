@@ -4,7 +4,8 @@
    generate and its stream, a prefix cache hit on a repeated prompt, pause in_place holding a request whose
    later tokens then carry the pushed version, pause abort ending one, a tensor push read back by name.
 2. The benchmark end to end with real processes (redis-server, gateway, orchestrator, env services,
-   stand-in engines): 4 engines, 32 episodes, an engine killed mid-window: no group lost, every figure there.
+   stand-in engines, the null-hop probe): 4 engines, 32 episodes, an engine killed mid-window: no group lost,
+   every figure there.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
                *f["cpu_ms_per_episode"].values(), *f["peak_rss_mb"].values()]
     assert all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers), numbers
     assert f["gateway_gc_pauses"]["0"]["count"] > 0  # the bench reads the gateway's GC pauses
+    # the null hop (bench/hop_probe.py) ran through the window, a round trip every 20 ms
+    assert f["null_hop"]["n"] >= 0.5 * 10 / 0.02 and 0 < f["null_hop"]["p50_ms"] <= f["null_hop"]["p99_ms"], f["null_hop"]
+    assert "the floor: a null HTTP round trip" in out.with_suffix(".md").read_text()
     assert set(f["cpu_ms_per_episode"]) == {"gateway", "orchestrator", "redis", "env_services", "engines"}
     assert "Control plane at cluster scale" in out.with_suffix(".md").read_text()
     usable = sorted(os.sched_getaffinity(0))
