@@ -22,7 +22,8 @@ completion rate is steady by then), a window of `window_s`:
   clients' wall time minus the engines' own seconds), orchestrator dispatch overhead (/v1/status?overhead_since),
   requests per engine (gateway /engines), cached-token ratio (the engines' counters), CPU seconds and peak
   RSS per component (psutil), Redis used_memory against recorded samples every 2 s; and the machine's floor
-  under the hop, a null HTTP round trip from the gateway's CPU to the engines' every 20 ms (bench/hop_probe.py).
+  under the hop, a null HTTP round trip from the gateway's CPU to the engines' every 20 ms (bench/hop_probe.py,
+  at SCHED_FIFO: nothing of the run delays it, so what does is the machine's).
 Then the orchestrator is paused and the groups in flight drain: every group started must be in the
 `groups` stream with all its samples (zero lost), and sessions' engine sequences (GET /sessions/{sid} of up
 to 1,000 recorded sessions) give the prefix affinity: turns after the first on the previous turn's engine.
@@ -62,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
-from bench.procs import Measured, Priority, Proc, parse_cpus, parse_priority  # noqa: E402
+from bench.procs import Measured, Priority, Proc, fifo_permitted, parse_cpus, parse_priority  # noqa: E402
 
 RUN = "scale"
 GROUP_SIZE = 8
@@ -121,15 +122,17 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
     gateway = stack["gateway"] = Proc(workdir, "gateway", [
         sys.executable, "-m", "gateway.server", "--redis-url", redis_server.url, "--run", RUN, "--engines-from-redis",
-        "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"], cpus=args.gateway_cpus)
+        "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"], priority=args.gateway_priority,
+        cpus=args.gateway_cpus)
     gateway_url = stack["gateway_url"] = gateway.wait_url()
     if args.hop_probe_interval_s > 0:  # the null hop: its server where the engines run, its client where the gateway
         server = stack["hop_server"] = Proc(workdir, "hop-server", [sys.executable, "-m", "bench.hop_probe", "serve"],
-                                            priority=args.engine_priority)
+                                            priority=args.hop_probe_priority)
         stack["hop_probe"] = Proc(workdir, "hop-probe", [sys.executable, "-m", "bench.hop_probe", "probe", "--target",
                                                          server.wait_url(), "--interval-s", str(args.hop_probe_interval_s)],
-                                  cpus=args.gateway_cpus)
+                                  priority=args.hop_probe_priority, cpus=args.gateway_cpus)
         stack["hop_probe_url"] = stack["hop_probe"].wait_url()
+        stack["hop_probe_priority"] = args.hop_probe_priority
     orch = stack["orchestrator"] = Proc(workdir, "orchestrator", [
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis_server.url, "--run", RUN, "--gateway",
         gateway_url, "--max-in-flight", str(args.episodes), "--group-size", str(GROUP_SIZE),
@@ -178,7 +181,7 @@ def cpu_layout(args: argparse.Namespace) -> str:
 
 
 def priority_words(priority: Priority) -> str:
-    return "SCHED_IDLE" if priority == "idle" else f"nice {priority}"
+    return {"idle": "SCHED_IDLE", "fifo": "SCHED_FIFO"}.get(str(priority), f"nice {priority}")
 
 
 def episode_s(args: argparse.Namespace) -> float:
@@ -434,7 +437,9 @@ def null_hop(stack: dict, since: float, until: float) -> dict:
     if not samples:
         return {}
     rtt, late = [s[1] for s in samples], [s[2] for s in samples]
-    return {"n": len(samples), "p50_ms": round(1e3 * percentile(rtt, 0.5), 3),
+    policy = {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_IDLE: "SCHED_IDLE", os.SCHED_OTHER: "SCHED_OTHER"}.get(
+        os.sched_getscheduler(stack["hop_probe"].popen.pid), "other")
+    return {"priority": stack["hop_probe_priority"], "policy": policy, "n": len(samples), "p50_ms": round(1e3 * percentile(rtt, 0.5), 3),
             "p99_ms": round(1e3 * percentile(rtt, 0.99), 3), "max_ms": round(1e3 * max(rtt), 3),
             "timer_late_p99_ms": round(1e3 * percentile(late, 0.99), 3),
             "timer_late_over_2ms_per_s": round(sum(x > 0.002 for x in late) / (until - since), 3),
@@ -614,7 +619,8 @@ def null_hop_row(f: dict) -> list[str]:
     n = f.get("null_hop")
     if not n:
         return []
-    return [f"| (the floor: a null HTTP round trip from the gateway's CPU to the engines', bench/hop_probe.py) | p50 "
+    return [f"| (the floor: a null HTTP round trip from the gateway's CPU to the engines', bench/hop_probe.py at "
+            f"{priority_words(f['null_hop']['priority'])}) | p50 "
             f"{n['p50_ms']} ms, p99 {n['p99_ms']} ms, max {n['max_ms']} ms ({n['n']} round trips); its timer fired > 2 "
             f"ms late {n['timer_late_over_2ms_per_s']} times a second (p99 {n['timer_late_p99_ms']} ms, max "
             f"{n['timer_late_max_ms']} ms); gateway hop p99 / null p99 = "
@@ -648,11 +654,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane_scale"))
     p.add_argument("--hop-probe-interval-s", type=float, default=0.02,
                    help="between the null hop's round trips (bench/hop_probe.py; 0: no probe)")
+    p.add_argument("--hop-probe-priority", type=parse_priority, default="fifo",
+                   help="the null hop's processes' (default fifo: SCHED_FIFO, ahead of every process of the run, so "
+                        "what delays it is the machine's; 0: a neighbour of the gateway at its priority)")
     p.add_argument("--keep-logs", help="keep the processes' logs under this directory")
     p.add_argument("--load-priority", type=parse_priority, default="idle",
                    help="CPU priority of the env services: idle (SCHED_IDLE) or a nice increment (0: equal)")
     p.add_argument("--engine-priority", type=parse_priority, default=0,
                    help="the stand-in engines' (default 0: they answer as promptly as engines on nodes of their own)")
+    p.add_argument("--gateway-priority", type=parse_priority, default=0,
+                   help="the gateway's (fifo: SCHED_FIFO, it never waits for its CPU)")
     p.add_argument("--gateway-cpus", type=parse_cpus, default=str(min(USABLE_CPUS)) if len(USABLE_CPUS) > 1 else "",
                    help="CPUs the gateway runs on alone, every other process on the rest ('': all share every CPU)")
     p.add_argument("--env-cpus", type=parse_cpus, default=",".join(map(str, sorted(USABLE_CPUS))),
@@ -663,6 +674,10 @@ def parse_args() -> argparse.Namespace:
         if not getattr(args, name) <= USABLE_CPUS:
             p.error(f"--{name.replace('_', '-')} {sorted(getattr(args, name))}: this process may use CPUs "
                     f"{sorted(USABLE_CPUS)} only")
+    for name in ("hop_probe_priority", "gateway_priority", "engine_priority", "load_priority"):
+        if getattr(args, name) == "fifo" and not fifo_permitted():
+            p.error(f"--{name.replace('_', '-')} fifo: SCHED_FIFO is not permitted here (it takes root with CAP_SYS_NICE "
+                    "and real-time runtime in this cgroup); give a nice increment")
     if args.gateway_cpus and not USABLE_CPUS - args.gateway_cpus:
         p.error(f"--gateway-cpus {sorted(args.gateway_cpus)} leaves no CPU for the other processes")
     return args
@@ -707,8 +722,8 @@ def main() -> None:
                    f"time between them, mean episode ~{episode_s(args):.0f} s), group_size {GROUP_SIZE}, real gateway, "
                    f"orchestrator and redis-server (AOF). Two weight pushes (trainer.weight_push.WeightSync, tensor, "
                    f"in_place) and one engine SIGKILLed for {args.down_s} s inside the window. Engines at "
-                   f"{priority_words(args.engine_priority)}, env services at {priority_words(args.load_priority)} (the "
-                   f"control plane at nice 0); {cpu_layout(args)}."),
+                   f"{priority_words(args.engine_priority)}, env services at {priority_words(args.load_priority)}, the "
+                   f"gateway at {priority_words(args.gateway_priority)} (the orchestrator at nice 0); {cpu_layout(args)}."),
         "load_start": load_start, "load_end": round(os.getloadavg()[0], 2),
         "args": vars(args), "figures": f, "targets": targets(f),
     }

@@ -1,14 +1,14 @@
 """A null engine hop under load: the machine's floor under the gateway's engine-hop figure.
 
-The control-plane benchmark (bench/control_plane_scale.py) runs one `serve` process where the engines run
-(their CPUs and priority) and one `probe` process where the gateway runs. Every `--interval-s` the probe
+The control-plane benchmark (bench/control_plane_scale.py) runs one `serve` process on the engines' CPUs
+and one `probe` process on the gateway's, both at SCHED_FIFO by default (no process of the run delays them). Every `--interval-s` the probe
 sends the server a request the size of a gateway turn's /generate and the server answers at once with a
 reply the size of a stand-in engine's, over the client the gateway itself uses (asyncrl.engine_client.
 AiohttpTransport on uvloop). The round trip is what any process on the gateway's CPU pays for one HTTP
-call to the engines' CPU under that load, with no work at either end; the gateway's hop (its call's wall
+call to the engines' CPU under that load, with no work at either end and no wait for a CPU; the gateway's hop (its call's wall
 time minus the engine's own seconds) is that plus the gateway's encoding and parsing and the engine
-server's work. The probe also records how late its timer fired: the stalls of its CPU (other processes,
-the hypervisor), which every process there sees.
+server's work and its waits for a CPU. The probe also records how late its timer fired: at SCHED_FIFO, the
+stalls of the machine itself (the hypervisor, the kernel), which every process on the CPU sees.
 
     python -m bench.hop_probe serve --port 0 --url-file F
     python -m bench.hop_probe probe --target URL --port 0 --url-file F    # GET /samples?since=&until=

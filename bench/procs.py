@@ -16,25 +16,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 Priority = Union[int, str]
-"""A child's CPU priority: a nice increment, or "idle" (SCHED_IDLE: it runs only on CPU time no other
-process wants, as a load generator on nodes of its own would take none from the processes measured)."""
+"""A child's CPU priority: a nice increment, "idle" (SCHED_IDLE: it runs only on CPU time no other process
+wants, as a load generator on nodes of its own would take none from the processes measured), or "fifo"
+(SCHED_FIFO: it runs the moment it wakes, ahead of every normal process; root only)."""
 
 
 def parse_priority(value: str) -> Priority:
-    if value == "idle":
+    if value in ("idle", "fifo"):
         return value
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: a nice increment (an integer) or 'idle'") from None
+        raise argparse.ArgumentTypeError(f"{value!r}: a nice increment (an integer), 'idle' or 'fifo'") from None
 
 
 def lower_priority(priority: Priority) -> None:
     """In the child, before exec."""
     if priority == "idle":
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif priority == "fifo":
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     elif priority:
         os.nice(priority)
+
+
+def fifo_permitted() -> bool:
+    """Whether this process may give a child SCHED_FIFO (root with CAP_SYS_NICE, and real-time runtime in its
+    cgroup): tried on itself and undone at once."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return True
 
 
 def parse_cpus(value: str) -> frozenset[int]:

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from asyncrl.engine_client import EngineClient
+from bench.procs import fifo_permitted
 from tests.services import ROOT, ServiceProcess
 from trainer.weight_push import verify_weights
 
@@ -68,9 +69,11 @@ async def test_standin_speaks_the_engine_protocol(tmp_path):
 
 def test_bench_end_to_end_at_toy_scale(tmp_path):
     out = tmp_path / "cps"
+    probe_priority = "fifo" if fifo_permitted() else "0"  # the bench's default needs root with real-time runtime
     subprocess.run([sys.executable, "bench/control_plane_scale.py", "--engines", "4", "--engines-per-process", "2",
                     "--episodes", "32", "--env-services", "2", "--tool-s", "1", "--ttft-s", "0.05",
-                    "--decode-s-per-token", "0.005", "--window-s", "10", "--down-s", "2", "--out", str(out)],
+                    "--decode-s-per-token", "0.005", "--window-s", "10", "--down-s", "2", "--out", str(out),
+                    "--hop-probe-priority", probe_priority],
                    cwd=ROOT, check=True, timeout=170)
     report = json.loads(out.with_suffix(".json").read_text())
     f = report["figures"]
@@ -90,6 +93,7 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
     assert f["gateway_gc_pauses"]["0"]["count"] > 0  # the bench reads the gateway's GC pauses
     # the null hop (bench/hop_probe.py) ran through the window, a round trip every 20 ms
     assert f["null_hop"]["n"] >= 0.5 * 10 / 0.02 and 0 < f["null_hop"]["p50_ms"] <= f["null_hop"]["p99_ms"], f["null_hop"]
+    assert f["null_hop"]["policy"] == ("SCHED_FIFO" if probe_priority == "fifo" else "SCHED_OTHER"), f["null_hop"]
     assert "the floor: a null HTTP round trip" in out.with_suffix(".md").read_text()
     assert set(f["cpu_ms_per_episode"]) == {"gateway", "orchestrator", "redis", "env_services", "engines"}
     assert "Control plane at cluster scale" in out.with_suffix(".md").read_text()
