@@ -63,7 +63,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
-from bench.procs import Measured, Priority, Proc, fifo_permitted, parse_cpus, parse_priority  # noqa: E402
+from bench.procs import (Measured, Priority, Proc, fifo_permitted, parse_cpus, parse_priority,  # noqa: E402
+                         policy_name)
 
 RUN = "scale"
 GROUP_SIZE = 8
@@ -437,9 +438,8 @@ def null_hop(stack: dict, since: float, until: float) -> dict:
     if not samples:
         return {}
     rtt, late = [s[1] for s in samples], [s[2] for s in samples]
-    policy = {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_IDLE: "SCHED_IDLE", os.SCHED_OTHER: "SCHED_OTHER"}.get(
-        os.sched_getscheduler(stack["hop_probe"].popen.pid), "other")
-    return {"priority": stack["hop_probe_priority"], "policy": policy, "n": len(samples), "p50_ms": round(1e3 * percentile(rtt, 0.5), 3),
+    return {"priority": stack["hop_probe_priority"], "policy": policy_name(stack["hop_probe"].popen.pid),
+            "n": len(samples), "p50_ms": round(1e3 * percentile(rtt, 0.5), 3),
             "p99_ms": round(1e3 * percentile(rtt, 0.99), 3), "max_ms": round(1e3 * max(rtt), 3),
             "timer_late_p99_ms": round(1e3 * percentile(late, 0.99), 3),
             "timer_late_over_2ms_per_s": round(sum(x > 0.002 for x in late) / (until - since), 3),
@@ -620,7 +620,7 @@ def null_hop_row(f: dict) -> list[str]:
     if not n:
         return []
     return [f"| (the floor: a null HTTP round trip from the gateway's CPU to the engines', bench/hop_probe.py at "
-            f"{priority_words(f['null_hop']['priority'])}) | p50 "
+            f"{priority_words(n['priority'])}) | p50 "
             f"{n['p50_ms']} ms, p99 {n['p99_ms']} ms, max {n['max_ms']} ms ({n['n']} round trips); its timer fired > 2 "
             f"ms late {n['timer_late_over_2ms_per_s']} times a second (p99 {n['timer_late_p99_ms']} ms, max "
             f"{n['timer_late_max_ms']} ms); gateway hop p99 / null p99 = "

@@ -40,6 +40,12 @@ def lower_priority(priority: Priority) -> None:
         os.nice(priority)
 
 
+def policy_name(pid: int) -> str:
+    """The scheduling policy a process runs under, as read from it (what a Priority reached)."""
+    return {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_IDLE: "SCHED_IDLE", os.SCHED_OTHER: "SCHED_OTHER"}.get(
+        os.sched_getscheduler(pid), "other")
+
+
 def fifo_permitted() -> bool:
     """Whether this process may give a child SCHED_FIFO (root with CAP_SYS_NICE, and real-time runtime in its
     cgroup): tried on itself and undone at once."""
