@@ -211,6 +211,9 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         _check_gc_sweep_s(self.gc_sweep_s)
+        if not self.load_factor >= 1:
+            raise ValueError(f"load_factor must be >= 1 (a bound below the mean load leaves no engine to route to), "
+                             f"got {self.load_factor}")
 
 
 @dataclass

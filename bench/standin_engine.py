@@ -135,6 +135,8 @@ class StandinEngine:
         self.weights: dict[str, list] = {}
         self.counters = {"num_requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0,
                          "aborted_requests": 0}
+        self.health_checks = 0
+        """GET /health answered: how often the gateway probes it (standin_health_checks_total, not SGLang's)."""
 
     # Generation --------------------------------------------------------------------------------------
     def plan(self, ids: list[int], params: dict, rid: str) -> tuple[list[int], list[float], str]:
@@ -342,6 +344,10 @@ class StandinEngine:
                 "num_waiting_reqs": len(self.running) if self.paused else 0,
                 "num_tokens": len(self.cache.blocks) * self.cache.block}
 
+    async def health(self, _: web.Request) -> web.Response:
+        self.health_checks += 1
+        return web.Response()
+
     def model_info(self) -> dict:
         return {"model_path": f"standin:{self.name}", "tokenizer_path": BUILTIN_TINY, "is_generation": True,
                 "weight_version": self.weight_version, "architectures": ["StandinEngine"]}
@@ -353,6 +359,7 @@ class StandinEngine:
     def metrics(self) -> str:
         lines = [f"# TYPE sglang_{k}_total counter\nsglang_{k}_total {v}" for k, v in self.counters.items()]
         lines.append(f"# TYPE sglang_num_running_reqs gauge\nsglang_num_running_reqs {len(self.running)}")
+        lines.append(f"# TYPE standin_health_checks_total counter\nstandin_health_checks_total {self.health_checks}")
         return "\n".join(lines) + "\n"
 
     def app(self) -> web.Application:
@@ -360,7 +367,7 @@ class StandinEngine:
         j = lambda f: (lambda _: web.json_response(f()))  # noqa: E731
         app.add_routes([
             web.post("/generate", self.generate), web.put("/generate", self.generate),
-            web.get("/health", lambda _: web.Response()), web.get("/health_generate", lambda _: web.Response()),
+            web.get("/health", self.health), web.get("/health_generate", lambda _: web.Response()),
             web.post("/pause_generation", self.pause), web.post("/continue_generation", self.resume),
             web.post("/abort_request", self.abort), web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
             web.post("/update_weight_version", self.update_weight_version),

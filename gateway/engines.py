@@ -4,7 +4,9 @@ An engine is marked unhealthy the moment a request to it fails at the transport 
 5xx), or after HEALTH_FAILURES_TO_DROP periodic /health checks in a row fail (one slow answer from
 an engine busy with a thousand requests is not a death); it is healthy again when /health answers
 200. Routing skips unhealthy engines (router.py), so a failed engine's sessions move to the others
-on their next call; only when no healthy engine is left does a turn try the unhealthy ones, and then
+on their next call. A healthy engine that answered a call within the last health interval is not probed:
+that answer is the check (passive health, as a proxy's outlier detection reads its traffic), so under load
+the rounds cost nothing; only when no healthy engine is left does a turn try the unhealthy ones, and then
 wait for one to come back (`wait_healthy`: a restarted engine, at its old URL or a new one from the
 registry).
 """
@@ -40,6 +42,8 @@ class EngineState:
     failures: int = 0
     failed_checks: int = 0
     """Consecutive failed health checks."""
+    answered_at: float = float("-inf")
+    """time.monotonic() of its last successful call: a health check within an interval of it is skipped."""
     last_error: str = field(default="", repr=False)
 
     def status(self) -> EngineStatus:
@@ -91,6 +95,11 @@ class EnginePool:
             or pick_bounded(self.ring, session_id, load, lambda u: True, self.load_factor, exclude)
         return None if url is None else self.engines[url]
 
+    @staticmethod
+    def mark_answered(engine: EngineState) -> None:
+        """A call to `engine` succeeded: it counts as a passed health check for the next interval."""
+        engine.answered_at = time.monotonic()
+
     def mark_failed(self, engine: EngineState, error: str) -> None:
         engine.failures += 1
         engine.last_error = error
@@ -140,6 +149,9 @@ class EnginePool:
                 check.cancel()
 
     async def _check(self, engine: EngineState) -> None:
+        if engine.healthy and time.monotonic() - engine.answered_at < self.health_interval_s:
+            engine.failed_checks = 0  # it answered a call since the last round (passive health)
+            return
         ok = await engine.client.health(timeout_s=HEALTH_TIMEOUT_S)
         engine.failed_checks = 0 if ok else engine.failed_checks + 1
         if ok and not engine.healthy:

@@ -198,12 +198,14 @@ class TurnRunner:
                 response = await engine.client.generate(prompt, params, rid=rid, return_routed_experts=routing,
                                                         top_logprobs_num=top)
                 call = engine_call(engine.url, response, len(prompt), time.perf_counter() - started)
+                self.pool.mark_answered(engine)
                 self.metrics.engine_hop.observe(max(call.wall_s - call.engine_latency_s, 0.0))
                 yield call, True
                 return
             async with aclosing(engine.client.generate_stream(prompt, params, rid=rid, return_routed_experts=routing,
                                                               top_logprobs_num=top)) as snapshots:
                 async for snapshot in snapshots:
+                    self.pool.mark_answered(engine)
                     yield (engine_call(engine.url, snapshot, len(prompt), time.perf_counter() - started),
                            snapshot.meta_info.finish_reason is not None)
         finally:

@@ -52,10 +52,16 @@ class HashRing:
 def pick_bounded(ring: HashRing, key: str, load: Callable[[str], int], usable: Callable[[str], bool],
                  load_factor: float, exclude: frozenset[str] = frozenset()) -> Optional[str]:
     """The first usable node clockwise from `key` whose load after taking this request stays within
-    ceil(load_factor x mean load including it); None when no node is usable."""
-    candidates = [node for node in ring.walk(key) if node not in exclude and usable(node)]
+    ceil(load_factor x mean load including it); None when no node is usable.
+
+    The bound comes from one pass over the nodes; the ring is then walked only until a node within it
+    (one or two steps as a rule): collecting every node from the walk first cost ~270 ring points a pick at
+    64 engines, 2-3% of the gateway's CPU."""
+    candidates = [node for node in ring.nodes if node not in exclude and usable(node)]
     if not candidates:
         return None
-    total = sum(load(node) for node in candidates) + 1
-    bound = math.ceil(load_factor * total / len(candidates))
-    return next((node for node in candidates if load(node) + 1 <= bound), candidates[0])
+    bound = math.ceil(load_factor * (sum(load(node) for node in candidates) + 1) / len(candidates))
+    # With load_factor >= 1 (GatewayConfig refuses less) the least loaded candidate, at most the mean, is
+    # within the bound, so the walk returns before it ends.
+    return next(node for node in ring.walk(key)
+                if node not in exclude and usable(node) and load(node) + 1 <= bound)

@@ -41,6 +41,7 @@ FIXED: dict[str, Any] = {
     "env.sandbox_options": {"memory_mb": 1024},  # a SandboxConfig field
     "env.context": {"keep_recent_k": 5},  # a ContextConfig field
     "env.python": sys.executable,  # an interpreter that exists (default None: the run's own)
+    "gateway.load_factor": 1.5,  # at least 1 (halving the default gives less)
     # The launcher replaces these by rollout.routing_replay and rollout.sampling (both varied): kept at
     # their defaults here, so that a builder that forgot to replace them is seen.
     "gateway.routing_replay": False,

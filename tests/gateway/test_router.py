@@ -1,6 +1,12 @@
 """Consistent hashing with bounded load (pure, no processes)."""
 
 import collections
+import math
+import random
+
+import pytest
+
+from asyncrl.config import GatewayConfig
 
 from gateway.router import HashRing, pick_bounded
 
@@ -48,3 +54,25 @@ def test_bounded_load_keeps_every_node_within_the_bound():
     for key in KEYS[:1000]:  # requests that all stay in flight
         load[pick_bounded(ring, key, load.__getitem__, lambda n: True, 1.25)] += 1
     assert max(load.values()) <= 1.25 * 1000 / len(ENGINES) + 1
+
+
+def test_bounded_pick_is_the_first_node_of_the_whole_walk_within_the_bound():
+    """The pick walks the ring only until a node within the bound: it must equal the rule's definition over
+    every node of the walk, at 64 engines with uneven load, unhealthy and excluded engines."""
+    engines = [f"http://e{i}" for i in range(64)]
+    ring = HashRing(engines)
+    rng = random.Random(0)
+    for key in KEYS[:500]:
+        load = {engine: rng.choice((0, 0, 1, 1, 2, 5)) for engine in engines}
+        down = set(rng.sample(engines, rng.randrange(4)))
+        exclude = frozenset(rng.sample(engines, rng.randrange(3)))
+        usable = lambda n: n not in down  # noqa: E731
+        walk = [n for n in ring.walk(key) if n not in exclude and usable(n)]
+        bound = math.ceil(1.25 * (sum(load[n] for n in walk) + 1) / len(walk))
+        expected = next(n for n in walk if load[n] + 1 <= bound)
+        assert pick_bounded(ring, key, load.__getitem__, usable, 1.25, exclude) == expected
+
+
+def test_a_load_factor_below_one_is_refused():
+    with pytest.raises(ValueError, match="load_factor must be >= 1"):
+        GatewayConfig(load_factor=0.9)
