@@ -286,11 +286,12 @@ def engine_counters(urls: list[str]) -> dict[str, dict[str, float]]:
             try:
                 text = http.get(f"{url}/metrics").text
             except httpx.HTTPError:
-                out[url] = {"prompt": 0.0, "cached": 0.0, "requests": 0.0}
+                out[url] = {"prompt": 0.0, "cached": 0.0, "requests": 0.0, "health_checks": 0.0}
                 continue
             out[url] = {"prompt": counter(text, "sglang_prompt_tokens_total"),
                         "cached": counter(text, "sglang_cached_tokens_total"),
-                        "requests": counter(text, "sglang_num_requests_total")}
+                        "requests": counter(text, "sglang_num_requests_total"),
+                        "health_checks": counter(text, "standin_health_checks_total")}
     return out
 
 
@@ -453,6 +454,14 @@ def balance(before: dict[str, float], after: dict[str, float], exclude: str = ""
             "min_over_mean": round(min(counts) / mean, 3), "cv": round(statistics.pstdev(counts) / mean, 3)}
 
 
+def health_checks(before: dict, after: dict, victim: str, wall_s: float) -> dict:
+    """The gateway's /health probes the engines answered in the window, the victim left out (it is probed while
+    it is down, and its counter restarts): with passive health an engine that answers turns is not probed."""
+    probes = sum(end["health_checks"] - before[url]["health_checks"] for url, end in after.items() if url != victim)
+    engines = len(after) - (victim in after)
+    return {"probes": int(probes), "per_engine_per_s": round(probes / max(engines, 1) / wall_s, 4)}
+
+
 def cached_ratio(before: dict, after: dict, victim: str, victim_at_kill: dict) -> dict:
     """Σ cached / Σ prompt tokens over the window; the victim's counters restart at zero with its process."""
     prompt = cached = 0.0
@@ -526,6 +535,7 @@ def figures(args: argparse.Namespace, stack: dict, w: dict, sampler: Sampler) ->
         "routing_balance": balance(before["engine_requests"], after["engine_requests"]),
         "routing_balance_without_victim": balance(before["engine_requests"], after["engine_requests"], exclude=victim),
         "prefix_cache": cached_ratio(before["engine_counters"], after["engine_counters"], victim, w["victim_at_kill"]),
+        "engine_health_checks": health_checks(before["engine_counters"], after["engine_counters"], victim, wall),
         "engine_errors": int(counter(after["metrics"], "asyncrl_gateway_engine_errors_total")
                              - counter(before["metrics"], "asyncrl_gateway_engine_errors_total")),
         "new_segments": int(counter(after["metrics"], "asyncrl_gateway_new_segments_total")),
@@ -591,6 +601,9 @@ def to_markdown(report: dict) -> str:
         f"({f['affinity']['sessions_read']} sessions read)",
         f"- engines' cached-token ratio: {f['prefix_cache']['cached_ratio']} ({f['prefix_cache']['cached_tokens']} of "
         f"{f['prefix_cache']['prompt_tokens']} prompt tokens)",
+        f"- the gateway's /health probes of the engines (the victim left out): {f['engine_health_checks']['probes']} in "
+        f"the window, {f['engine_health_checks']['per_engine_per_s']} an engine a second (an engine that answered a "
+        "turn within the 2 s health interval is not probed)",
         f"- client-observed chat latency minus the engines' own: p50 {f['client_minus_engine_latency']['p50_ms']} ms, "
         f"p99 {f['client_minus_engine_latency']['p99_ms']} ms ({f['client_minus_engine_latency']['n']} turns; env client, "
         "both HTTP hops and the gateway, on the same loaded cores)",

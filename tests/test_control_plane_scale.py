@@ -91,6 +91,8 @@ def test_bench_end_to_end_at_toy_scale(tmp_path):
                *f["cpu_ms_per_episode"].values(), *f["peak_rss_mb"].values()]
     assert all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers), numbers
     assert f["gateway_gc_pauses"]["0"]["count"] > 0  # the bench reads the gateway's GC pauses
+    # passive health: engines answering turns are not probed (every 2 s each, 0.5 a second, without it)
+    assert f["engine_health_checks"]["per_engine_per_s"] < 0.25, f["engine_health_checks"]
     # the null hop (bench/hop_probe.py) ran through the window, a round trip every 20 ms
     assert f["null_hop"]["n"] >= 0.5 * 10 / 0.02 and 0 < f["null_hop"]["p50_ms"] <= f["null_hop"]["p99_ms"], f["null_hop"]
     assert f["null_hop"]["policy"] == ("SCHED_FIFO" if probe_priority == "fifo" else "SCHED_OTHER"), f["null_hop"]
