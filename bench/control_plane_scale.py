@@ -601,15 +601,13 @@ def to_markdown(report: dict) -> str:
         f"({f['affinity']['sessions_read']} sessions read)",
         f"- engines' cached-token ratio: {f['prefix_cache']['cached_ratio']} ({f['prefix_cache']['cached_tokens']} of "
         f"{f['prefix_cache']['prompt_tokens']} prompt tokens)",
-        f"- the gateway's /health probes of the engines (the victim left out): {f['engine_health_checks']['probes']} in "
-        f"the window, {f['engine_health_checks']['per_engine_per_s']} an engine a second (an engine that answered a "
-        "turn within the 2 s health interval is not probed)",
         f"- client-observed chat latency minus the engines' own: p50 {f['client_minus_engine_latency']['p50_ms']} ms, "
         f"p99 {f['client_minus_engine_latency']['p99_ms']} ms ({f['client_minus_engine_latency']['n']} turns; env client, "
         "both HTTP hops and the gateway, on the same loaded cores)",
         "- gateway GC collections in the window (generation: count, seconds, over 10 ms): " +
         "; ".join(f"{g}: {p['count']}, {p['seconds']} s, {p['over_10ms']}" for g, p in f["gateway_gc_pauses"].items()),
-        f"- gateway engine errors (failed over) {f['engine_errors']}; events: " +
+        f"- gateway engine errors (failed over) {f['engine_errors']}; /health probes {f['engine_health_checks']['probes']} "
+        f"({f['engine_health_checks']['per_engine_per_s']}/s an engine, the victim left out); events: " +
         ", ".join(f"{e['event']} at {e['at_s']} s" for e in f["events"]), "",
         "## Cost per component", "",
         "| component | CPU cores | CPU ms / episode | CPU ms / request | peak RSS MB |", "|---|---|---|---|---|"]
