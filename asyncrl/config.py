@@ -167,7 +167,12 @@ class GatewayConfig:
     max_request_bytes: int = 8 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one is refused."""
     load_factor: float = 1.25
-    """Bounded-load consistent hashing: no engine takes more than load_factor x the mean load."""
+    """Bounded-load consistent hashing: no engine takes more than load_factor x the mean load (beyond
+    balance_abs_threshold)."""
+    balance_abs_threshold: int = 32
+    """A session's engine keeps its turns (and its prefix cache) until it carries this many requests more than
+    the least loaded engine; beyond that, and beyond load_factor x the mean, its turns go to the next engine
+    (SGLang's router: --balance-abs-threshold, 64). 0: the load_factor bound alone."""
     engine_timeout_s: float = 600.0
     """HTTP timeout of one engine call, in seconds (connect: 5 s)."""
     health_interval_s: float = 2.0
@@ -211,6 +216,9 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         _check_gc_sweep_s(self.gc_sweep_s)
+        if self.balance_abs_threshold < 0:
+            raise ValueError(f"balance_abs_threshold must be >= 0 (0: the load_factor bound alone), got "
+                             f"{self.balance_abs_threshold}")
         if not self.load_factor >= 1:
             raise ValueError(f"load_factor must be >= 1 (a bound below the mean load leaves no engine to route to), "
                              f"got {self.load_factor}")

@@ -39,7 +39,8 @@ class Gateway:
         self.cfg, self.store = cfg, store
         engine_registry = store.engines if (cfg.engines_from_redis and store is not None) else None
         self.pool = EnginePool(cfg.engine_urls, cfg.engine_timeout_s, cfg.load_factor, cfg.health_interval_s,
-                               registry=engine_registry, api_key=cfg.engine_api_key)
+                               registry=engine_registry, api_key=cfg.engine_api_key,
+                               balance_abs_threshold=cfg.balance_abs_threshold)
         self.metrics = GatewayMetrics(lambda: self.sessions.active, lambda: self.engines_healthy)
         runner = TurnRunner(self.pool, self.metrics, cfg.max_interruptions, engine_wait_s=cfg.engine_wait_s,
                             routing_replay=cfg.routing_replay)

@@ -54,13 +54,14 @@ class EngineState:
 class EnginePool:
     def __init__(self, urls: Iterable[str], timeout_s: float, load_factor: float, health_interval_s: float,
                  virtual_nodes: int = 100, registry: Optional[Callable[[], Awaitable[dict[str, str]]]] = None,
-                 api_key: Optional[str] = None) -> None:
+                 api_key: Optional[str] = None, balance_abs_threshold: int = 0) -> None:
         """`registry`: when given, the engine set follows it (engine_id -> URL) at every health round.
-        `api_key`: the engines' --api-key."""
+        `api_key`: the engines' --api-key. `balance_abs_threshold`: the bounded-load slack (router.pick_bounded)."""
         self.timeout_s = timeout_s
         self.api_key = api_key
         self.registry = registry
         self.load_factor = load_factor
+        self.balance_abs_threshold = balance_abs_threshold
         self.health_interval_s = health_interval_s
         # One connection pool for every engine (aiohttp for unary calls, the hot path; httpx for
         # streams); no retries inside the client: the gateway fails over itself.
@@ -91,8 +92,9 @@ class EnginePool:
         """The session's engine by the bounded-load ring over healthy engines; if none is healthy,
         over the others not in `exclude` (a last resort: health marks can be stale)."""
         load = lambda u: self.engines[u].in_flight  # noqa: E731
-        url = pick_bounded(self.ring, session_id, load, lambda u: self.engines[u].healthy, self.load_factor, exclude) \
-            or pick_bounded(self.ring, session_id, load, lambda u: True, self.load_factor, exclude)
+        bounds = self.load_factor, exclude, self.balance_abs_threshold
+        url = pick_bounded(self.ring, session_id, load, lambda u: self.engines[u].healthy, *bounds) \
+            or pick_bounded(self.ring, session_id, load, lambda u: True, *bounds)
         return None if url is None else self.engines[url]
 
     @staticmethod

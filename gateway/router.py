@@ -4,7 +4,12 @@ Every engine owns `virtual_nodes` points on a 64-bit ring. A session's home is t
 clockwise from hash(session id), so all its turns hit the engine that holds its prefix in KV
 cache, and adding or removing an engine moves only the sessions of the arc it gains or loses.
 Bounded load: an engine already carrying more than load_factor x the mean in-flight load is
-skipped for the next one clockwise, so a hot spot cannot form. Unhealthy engines are skipped the
+skipped for the next one clockwise, so a hot spot cannot form; but only once it also carries `slack`
+requests more than the least loaded engine. With ~1 request in flight per engine the mean bound alone
+passed over every engine with 2 in flight, a third of them, and only 44% of a session's turns stayed on
+its engine (bench/results/control_plane_scale.md); an engine that batches hundreds gains nothing from that
+while the session loses its prefix cache. SGLang's router likewise balances only beyond
+--balance-abs-threshold (64). Unhealthy engines are skipped the
 same way; when they recover, their sessions come back.
 """
 
@@ -50,9 +55,10 @@ class HashRing:
 
 
 def pick_bounded(ring: HashRing, key: str, load: Callable[[str], int], usable: Callable[[str], bool],
-                 load_factor: float, exclude: frozenset[str] = frozenset()) -> Optional[str]:
-    """The first usable node clockwise from `key` whose load after taking this request stays within
-    ceil(load_factor x mean load including it); None when no node is usable.
+                 load_factor: float, exclude: frozenset[str] = frozenset(), slack: int = 0) -> Optional[str]:
+    """The first usable node clockwise from `key` whose load after taking this request stays within the bound:
+    ceil(load_factor x mean load including it), or the least loaded node's load + `slack` if that is more
+    (0: the mean bound alone); None when no node is usable.
 
     The bound comes from one pass over the nodes; the ring is then walked only until a node within it
     (one or two steps as a rule): collecting every node from the walk first cost ~270 ring points a pick at
@@ -60,7 +66,8 @@ def pick_bounded(ring: HashRing, key: str, load: Callable[[str], int], usable: C
     candidates = [node for node in ring.nodes if node not in exclude and usable(node)]
     if not candidates:
         return None
-    bound = math.ceil(load_factor * (sum(load(node) for node in candidates) + 1) / len(candidates))
+    loads = [load(node) for node in candidates]
+    bound = max(math.ceil(load_factor * (sum(loads) + 1) / len(candidates)), min(loads) + slack)
     # With load_factor >= 1 (GatewayConfig refuses less) the least loaded candidate, at most the mean, is
     # within the bound, so the walk returns before it ends.
     return next(node for node in ring.walk(key)
