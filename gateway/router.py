@@ -70,5 +70,5 @@ def pick_bounded(ring: HashRing, key: str, load: Callable[[str], int], usable: C
     bound = max(math.ceil(load_factor * (sum(loads) + 1) / len(candidates)), min(loads) + slack)
     # With load_factor >= 1 (GatewayConfig refuses less) the least loaded candidate, at most the mean, is
     # within the bound, so the walk returns before it ends.
-    return next(node for node in ring.walk(key)
-                if node not in exclude and usable(node) and load(node) + 1 <= bound)
+    allowed = set(candidates)
+    return next(node for node in ring.walk(key) if node in allowed and load(node) + 1 <= bound)
