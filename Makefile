@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
-#   make test   installs everything, then runs the test suite
+#   make test   installs everything, then runs the test suite (its default tier: every test not marked slow)
+# make test-slow: the slow tier, whole runs end to end (pytest -m slow; .ci/run runs it after make test)
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
 # make sdk-venv: the light env SDK alone (.venv-sdk, no torch/Ray; docs/envs.md "the light SDK"), which make test uses
 # make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
@@ -35,7 +36,7 @@ VERIFIERS_PIP  := $(VERIFIERS_VENV)/bin/python -m pip
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 VF_ENVS ?= tests/envs/vf_envs/asyncrl-vf-toy
 
-.PHONY: install run test bench bench-vllm megatron test-megatron sdk-venv verifiers-venv sglang-venv browser netns-tools clean
+.PHONY: install run test test-slow bench bench-vllm megatron test-megatron sdk-venv verifiers-venv sglang-venv browser netns-tools clean
 
 install: $(STAMP)
 
@@ -57,6 +58,9 @@ run: install
 
 test: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 	$(VENV)/bin/python -m pytest $(ARGS)
+
+test-slow: install sdk-venv verifiers-venv sglang-venv browser netns-tools
+	$(VENV)/bin/python -m pytest -m slow $(ARGS)
 
 # The headless browser of tests/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
 # with apt-get when absent (CI runs as root; elsewhere it needs root or sudo, else those tests skip saying why).

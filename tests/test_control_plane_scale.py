@@ -67,6 +67,7 @@ async def test_standin_speaks_the_engine_protocol(tmp_path):
         engine.stop()
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_at_toy_scale(tmp_path):
     out = tmp_path / "cps"
     probe_priority = "fifo" if fifo_permitted() else "0"  # the bench's default needs root with real-time runtime

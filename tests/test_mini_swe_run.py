@@ -11,6 +11,7 @@ from tests.envs.isolation import NAMESPACES
 from tests.test_e2e_run import launch, records_after_run, trained_envs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_run_with_mini_swe_agent_in_the_mix_finishes_its_steps(tmp_path):
     run_dir = tmp_path / "mini_swe_run"

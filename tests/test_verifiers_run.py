@@ -11,6 +11,7 @@ from tests.envs.test_verifiers_adapter import verifiers_python  # noqa: F401 (fi
 from tests.test_e2e_run import launch, records_after_run, trained_envs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_run_with_a_verifiers_env_in_the_mix_finishes_its_steps(tmp_path, verifiers_python):  # noqa: F811
     run_dir = tmp_path / "verifiers_run"
