@@ -278,8 +278,9 @@ class Scheduler:
         sampled = [e.req for e in plan if e.completes]
         out = None
         if sampled:
+            banned = self._banned(sampled, logits.shape[-1])
             out = sample(logits[sample_rows], self._sampling_batch(sampled),
-                         banned=self._banned(sampled, logits.shape[-1]))
+                         banned=None if banned is None else banned[:, 0])
         tokens, logprobs = (out.token_ids.tolist(), out.logprobs.tolist()) if out is not None else ([], [])
         step = _Step(logits, {e.req: rows for e, rows in input_rows}, {req: i for i, req in enumerate(sampled)},
                      out, tokens, logprobs)
@@ -298,11 +299,12 @@ class Scheduler:
         starts = [req.num_computed for req in reqs]
         sampling = self._sampling_batch(reqs)
         logits, hidden = self.drafter.catch_up([(req, c) for req, c in zip(reqs, starts)], want_logits=True)
+        banned = self._banned(reqs, logits.shape[-1], k + 1)  # [B, k + 1, V]: the drafts' and verification's
         drafts, probs = [], []
         for i in range(k):
             if i:
                 logits, hidden = self.drafter.chain(reqs, [c + i - 1 for c in starts], drafts[-1], hidden)
-            token, q = draft(logits, sampling.shifted(i), self._banned(reqs, logits.shape[-1], i))
+            token, q = draft(logits, sampling.shifted(i), None if banned is None else banned[:, i])
             drafts.append(token)
             probs.append(q)
         ids = torch.stack([torch.tensor([req.pending_ids(1)[0] for req in reqs]), *drafts], 1)  # [B, k + 1]
@@ -311,9 +313,6 @@ class Scheduler:
                              context_slots=self._req_to_slot[[req.row for req in reqs], :int(context_lens.max())],
                              context_lens=context_lens)
         target = self.forward(batch).view(len(reqs), k + 1, -1)
-        banned = [self._banned(reqs, target.shape[-1], i) for i in range(k + 1)]
-        banned = None if all(b is None for b in banned) else torch.stack(
-            [b if b is not None else torch.zeros(len(reqs), target.shape[-1], dtype=torch.bool) for b in banned], 1)
         verdict = verify(target, torch.stack(drafts, 1), torch.stack(probs, 1), sampling, banned)
         verified = [(tokens[:n + 1], logprobs[:n + 1]) for tokens, logprobs, n in
                     zip(verdict.tokens.tolist(), verdict.logprobs.tolist(), verdict.accepted.tolist())]
@@ -323,7 +322,10 @@ class Scheduler:
     def _apply(self, e: _Extend, step: "_Step") -> None:
         """One request's part of a step; a failure here aborts that request alone."""
         req = e.req
-        start, req.num_computed = req.num_computed, req.num_computed + e.take  # the KV is written
+        # The KV of the whole take is written. A verification keeps less (_take_verified sets num_computed
+        # to what it emits and frees the rest); counting all of it first means a failure before that
+        # still frees the drafts' slots in _release.
+        start, req.num_computed = req.num_computed, req.num_computed + e.take
         req.mtp_done = step.mtp_done.get(req, req.mtp_done)
         try:
             if step.verdict is not None:
@@ -444,15 +446,17 @@ class Scheduler:
         )
 
     @staticmethod
-    def _banned(reqs: list[Req], vocab: int, offset: int = 0) -> Optional[torch.Tensor]:
-        """Stop tokens may not be drawn before min_new_tokens (they stay in the reported log-probs)."""
-        early = [(i, r) for i, r in enumerate(reqs) if len(r.output_ids) + offset < r.item.sampling.min_new_tokens]
-        if not early:
+    def _banned(reqs: list[Req], vocab: int, positions: int = 1) -> Optional[torch.Tensor]:
+        """[B, positions, V]: the tokens each request may not draw at its next `positions` output positions
+        (None: no ban anywhere). Stop tokens are banned before min_new_tokens; they stay in the reported
+        log-probs."""
+        short = [(i, r, r.item.sampling.min_new_tokens - len(r.output_ids)) for i, r in enumerate(reqs)]
+        short = [(i, r, min(n, positions)) for i, r, n in short if n > 0]
+        if not short:
             return None
-        mask = torch.zeros(len(reqs), vocab, dtype=torch.bool)
-        for i, req in early:
-            ids = [t for t in req.stop_ids if t < vocab]
-            mask[i, ids] = True
+        mask = torch.zeros(len(reqs), positions, vocab, dtype=torch.bool)
+        for i, req, n in short:
+            mask[i, :n, [t for t in req.stop_ids if t < vocab]] = True
         return mask
 
     # Release -----------------------------------------------------------------------------------

@@ -65,9 +65,14 @@ def test_greedy_tokens_logprobs_and_versions_equal_decoding_without_speculation(
     """Concurrent requests with stops, max_new_tokens and min_new_tokens inside a verified chain."""
     items = [greedy(f"r{i}", p, n=17 + i % 9) for i, p in enumerate(DRAFT_PROMPTS[:24])]
     plain, spec = (run(e, items) for e in engines)
-    stop_at = plain[0].output_ids[6]  # a stop token the chain verifies mid-way
+    ids = plain[0].output_ids
+    stop_at = ids[6]  # a stop token the chain verifies mid-way
+    # each token first drawn at output position j, as a stop with min_new_tokens = j: allowed from j on, so
+    # greedy decoding stops right there; a ban one position too long (inside a verified chain) would not
+    edges = [j for j in range(2, len(ids)) if ids[j] not in ids[:j]]
     extra = [greedy("stop", DRAFT_PROMPTS[0], stop_token_ids=[stop_at]),
-             greedy("min", DRAFT_PROMPTS[0], stop_token_ids=[stop_at], min_new_tokens=12)]
+             greedy("min", DRAFT_PROMPTS[0], stop_token_ids=[stop_at], min_new_tokens=12),
+             *[greedy(f"edge{j}", DRAFT_PROMPTS[0], stop_token_ids=[ids[j]], min_new_tokens=j) for j in edges]]
     plain, spec = plain + run(engines[0], extra), spec + run(engines[1], extra)
     for a, b in zip(plain, spec):
         assert b.output_ids == a.output_ids and b.finish_reason == a.finish_reason, a.rid
@@ -75,8 +80,10 @@ def test_greedy_tokens_logprobs_and_versions_equal_decoding_without_speculation(
         assert b.output_versions == a.output_versions
         forced = teacher_forced(model, b.prompt, b.output_ids)
         assert (torch.tensor(b.output_logprobs) - forced).abs().max() <= 1e-5, a.rid
-    assert spec[-2].finish_reason == {"type": "stop", "matched": stop_at} and len(spec[-2].output_ids) == 7
-    assert len(spec[-1].output_ids) > 12
+    stop, min_new, *edged = spec[-2 - len(edges):]
+    assert stop.finish_reason == {"type": "stop", "matched": stop_at} and len(stop.output_ids) == 7
+    assert len(min_new.output_ids) > 12
+    assert len(edges) >= 4 and [len(r.output_ids) for r in edged] == [j + 1 for j in edges]
     assert accept_length(spec) > 2.0  # drafts were accepted: the rollback paths ran
     assert all(r.spec_verify_ct == 0 for r in plain)
 
