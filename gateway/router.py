@@ -6,8 +6,8 @@ cache, and adding or removing an engine moves only the sessions of the arc it ga
 Bounded load: an engine already carrying more than load_factor x the mean in-flight load is
 skipped for the next one clockwise, so a hot spot cannot form; but only once it also carries `slack`
 requests more than the least loaded engine. With ~1 request in flight per engine the mean bound alone
-passed over every engine with 2 in flight, a third of them, and only 44% of a session's turns stayed on
-its engine (bench/results/control_plane_scale.md); an engine that batches hundreds gains nothing from that
+passed over every engine with 2 in flight, a third of them, and only 39% of a session's turns stayed on
+its engine (99.8% with a slack of 32: docs/cluster_sizing.md); an engine that batches hundreds gains nothing from that
 while the session loses its prefix cache. SGLang's router likewise balances only beyond
 --balance-abs-threshold (64). Unhealthy engines are skipped the
 same way; when they recover, their sessions come back.
