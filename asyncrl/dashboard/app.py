@@ -20,24 +20,25 @@ import time
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from redis.exceptions import RedisError
 
 from asyncrl.dashboard.access import COOKIE, DashboardGuard, cookie_value
 from asyncrl.dashboard.probes import Probes
-from asyncrl.dashboard.source import RunSource
+from asyncrl.dashboard.source import RunSource, Unreadable
 from asyncrl.dashboard.trajectories import PAGE_MAX, SCAN_MAX, SampleFilter, TrajectoryView, page
 from asyncrl.service import install_error_handlers, install_metrics
+from asyncrl.store import Store
 from asyncrl.watch import Target
 
 STATIC = Path(str(resources.files("asyncrl.dashboard") / "static"))
 STREAM_ID = r"^(\+|\d+-\d+)$"
+T = TypeVar("T")
 
 
 class DashboardMetrics:
@@ -143,13 +144,10 @@ def _run_routes(app: FastAPI) -> None:
     @app.get("/api/services")
     async def services(request: Request) -> dict[str, Any]:
         source = source_of(request)
-        store = await source.live_store()
-        engines = {}
-        if store is not None:
-            try:
-                engines = await store.engines()
-            except RedisError as err:
-                source.error = f"the run's Redis failed: {err}"
+        try:
+            engines = await source.read(Store.engines)
+        except Unreadable:  # no Redis to read (the overview says why): the services' own answers still count
+            engines = {}
         return await request.app.state.probes.services(engines, source.view.services, source.view.orchestrator,
                                                        live=source.state == "live")
 
@@ -167,22 +165,23 @@ def _sample_routes(app: FastAPI) -> None:
         if before != "+" and not _is_stream_id(before):
             raise HTTPException(400, f"before: {before[:60]!r} is not a stream id (ms-seq, each below 2^64)")
         before = before if before == "+" else "-".join(str(int(p)) for p in before.split("-"))  # 007-0: 7-0
-        store = await _store(request)
-        if before == "0-0":  # nothing is recorded before the first possible id
-            return {"samples": [], "next": None, "scanned": 0}
         wanted = SampleFilter(env or None, min_reward, max_reward, step, outcome or None)
-        return await page(store, wanted, before, count, scan)
+        return await _read(request, lambda store: page(store, wanted, before, count, scan))
 
     @app.get("/api/samples/{ref}")
     async def sample(request: Request, ref: str) -> dict[str, Any]:
         if ref == "+" or not _is_stream_id(ref):
             raise HTTPException(400, f"ref: {ref[:60]!r} is not a sample's stream id (e.g. 1712345678901-0)")
-        store = await _store(request)
-        try:
-            [found] = await store.get_samples([ref])
-        except KeyError:
-            raise HTTPException(404, f"no sample {ref} (never recorded, or trimmed by retention)") from None
-        trained = (await store.trained([ref])).get(ref)
+
+        async def read(store: Store):
+            try:
+                [found] = await store.get_samples([ref])
+            except KeyError:
+                raise HTTPException(404, f"no sample {ref} (never recorded, trimmed by retention, or deleted with "
+                                         f"its group by dynamic sampling)") from None
+            return found, (await store.trained([ref])).get(ref)
+
+        found, trained = await _read(request, read)
         return request.app.state.view.detail(ref, found, trained)
 
 
@@ -192,10 +191,9 @@ def _is_stream_id(ref: str) -> bool:
     return all(part.isascii() and part.isdigit() and int(part) < 2 ** 64 for part in (ms, seq))
 
 
-async def _store(request: Request):
-    source = source_of(request)
-    store = await source.live_store()
-    if store is None:
-        raise HTTPException(503, f"the run's samples are not readable now ({source.state}"
-                                 f"{': ' + source.error if source.error else ''})")
-    return store
+async def _read(request: Request, what: Callable[[Store], Awaitable[T]]) -> T:
+    """`what` on the run's data (RunSource.read); a 503 saying why where it cannot be read."""
+    try:
+        return await source_of(request).read(what)
+    except Unreadable as err:
+        raise HTTPException(503, str(err)) from None

@@ -4,7 +4,9 @@ The run is found as `asyncrl watch` finds it (asyncrl/watch.py `resolve`, `find_
 the run dir's name or the one run in that Redis), and its `metrics` stream and `services` hash are folded
 by the same RunView. When the run's Redis stops answering (the run ended, its embedded Redis with it) and
 the run dir keeps its Redis data, a private redis-server is started on a copy of that data
-(asyncrl/redis_server.py `replay_copy`) and the dashboard goes on from there, read-only as before.
+(asyncrl/redis_server.py `replay_copy`) and the dashboard goes on from there, read-only as before. A read
+that meets the closed connection first (the run ended since the last refresh) switches over at once and is
+answered from the replay (`RunSource.read`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
@@ -32,6 +34,12 @@ LIVE_RECHECK_S = 30.0
 """While replaying a finished run's data, how often the run's own Redis is asked whether it is back."""
 REFRESH_MIN_S = 1.0
 """Requests within this long of the last read of the stream share it (several tabs, several panels)."""
+
+T = TypeVar("T")
+
+
+class Unreadable(Exception):
+    """The run's data cannot be read now; the message says why (the API answers 503 with it)."""
 
 
 class RunSource:
@@ -139,10 +147,36 @@ class RunSource:
         await asyncio.to_thread(self._replay.close)
         self.store, self.state, self.view = store, "live", RunView()
 
-    async def live_store(self) -> Optional[Store]:
-        """The store, once the run is found (None while waiting or unreachable)."""
+    async def read(self, what: Callable[[Store], Awaitable[T]]) -> T:
+        """`what(store)` on the run's data. A run that ends between the last refresh and this read takes its
+        Redis with it: the replay of its data takes over (as the next refresh would) and `what` runs once
+        more there, so a page open as the run ends goes on without an error."""
+        store = await self._readable_store()
+        try:
+            return await what(store)
+        except RedisConnectionError as err:
+            async with self._lock:
+                if self.store is store:  # not already replaced by a concurrent request
+                    await self._lost(err)
+        except RedisError as err:
+            raise self._failed(err) from err
+        try:
+            return await what(await self._readable_store())
+        except RedisError as err:
+            raise self._failed(err) from err
+
+    async def _readable_store(self) -> Store:
+        """The store, once the run is found (Unreadable while waiting or unreachable)."""
         await self.refresh()
-        return self.store if self.run is not None and self.state in ("live", "replayed") else None
+        if self.store is None or self.run is None or self.state not in ("live", "replayed"):
+            raise Unreadable(f"the run's data is not readable now ({self.state}"
+                             f"{': ' + self.error if self.error else ''})")
+        return self.store
+
+    def _failed(self, err: RedisError) -> Unreadable:
+        """A stalled or lost server: the overview says so too."""
+        self.error = f"the run's Redis failed: {err}"
+        return Unreadable(self.error)
 
     async def close(self) -> None:
         if self.store is not None:

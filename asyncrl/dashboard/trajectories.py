@@ -72,6 +72,8 @@ def summary(ref: str, sample: Sample, trained: Optional[TrainedTokens]) -> dict[
 async def page(store: Store, wanted: SampleFilter, before: str, count: int, scan: int) -> dict[str, Any]:
     """Up to `count` matching samples recorded before stream id `before` ("+": the newest), newest first,
     looking at `scan` samples at most; `next` is where the next page starts (None: the stream's start)."""
+    if before == "0-0":  # nothing is recorded before the first possible id
+        return {"samples": [], "next": None, "scanned": 0}
     rows: list[dict[str, Any]] = []
     scanned, cursor = 0, before
     while len(rows) < count and scanned < scan:

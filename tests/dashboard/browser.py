@@ -89,8 +89,13 @@ def open_first_sample(driver, base_url: str) -> str:
     row = wait_for(lambda: driver.find_elements("css selector", "#samples tbody tr.sample-row"), 60, "a sample row")[0]
     ref = row.get_attribute("data-ref")
     row.click()
-    wait_for(lambda: driver.find_element("id", "sample").get_attribute("data-ref") == ref
-             and driver.find_elements("css selector", "#tokens .tok"), 60, f"sample {ref} opened")
+    try:
+        wait_for(lambda: driver.find_element("id", "sample").get_attribute("data-ref") == ref
+                 and driver.find_elements("css selector", "#tokens .tok"), 60, f"sample {ref} opened")
+    except AssertionError as err:  # what the page shows instead says why
+        box = driver.find_element("id", "sample")
+        raise AssertionError(f"{err}; page at {driver.current_url}, #sample (data-ref "
+                             f"{box.get_attribute('data-ref')!r}) shows {box.text[:500]!r}") from None
     return ref
 
 

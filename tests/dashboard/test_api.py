@@ -188,6 +188,45 @@ def test_a_finished_run_is_read_from_a_replay_of_its_redis_data(tmp_path, run_na
         assert c.get("/api/services").json()["live"] is False
 
 
+def test_a_read_as_the_run_ends_is_answered_from_the_replay(tmp_path, run_name, monkeypatch):
+    """The run's Redis stops between the source's last refresh and a read (the page open at the run's end):
+    the read is answered from the replay of its data, not dropped as an unhandled connection error."""
+    from asyncrl.dashboard import source
+
+    run_dir = tmp_path / run_name
+    redis = EmbeddedRedis(run_dir / "redis", appendfsync="always").start()
+    (run_dir / "redis.url").write_text(redis.url)
+    refs = run_sync(_write_run(redis.url, run_name, steps=2))
+    with TestClient(build_app(Target(redis.url, None, run_dir))) as c:
+        assert c.get("/api/overview").json()["state"] == "live"
+        assert c.get(f"/api/samples/{refs[0]}").status_code == 200
+        monkeypatch.setattr(source, "REFRESH_MIN_S", 3600.0)  # the reads below come before the next refresh
+        redis.stop()
+        opened = c.get(f"/api/samples/{refs[1]}")
+        assert opened.status_code == 200, opened.text
+        assert opened.json()["ref"] == refs[1]
+        assert [s["ref"] for s in c.get("/api/samples").json()["samples"]] == refs[::-1]
+        assert c.get("/api/overview").json()["state"] == "replayed"
+
+
+def test_a_run_whose_redis_is_gone_with_no_data_to_replay_is_a_503(tmp_path, run_name, monkeypatch):
+    from asyncrl.dashboard import source
+
+    run_dir = tmp_path / run_name
+    redis = EmbeddedRedis(tmp_path / "elsewhere", appendfsync="always").start()  # its data not in the run dir
+    run_dir.mkdir()
+    (run_dir / "redis.url").write_text(redis.url)
+    refs = run_sync(_write_run(redis.url, run_name, steps=2))
+    with TestClient(build_app(Target(redis.url, None, run_dir))) as c:
+        assert c.get(f"/api/samples/{refs[0]}").status_code == 200
+        monkeypatch.setattr(source, "REFRESH_MIN_S", 3600.0)
+        redis.stop()
+        for path in (f"/api/samples/{refs[1]}", "/api/samples"):
+            gone = c.get(path)
+            assert gone.status_code == 503 and "cannot reach the run's Redis" in gone.json()["error"], gone.text
+        assert c.get("/api/services").status_code == 200
+
+
 def test_a_replayed_run_whose_redis_comes_back_is_read_live_again(tmp_path, run_name, monkeypatch):
     from asyncrl.dashboard import source
 

@@ -7,8 +7,9 @@ const state = {history: [], next: 0, rolloutRate: [], tab: "run"};
 async function api(path) {
   const response = await fetch(path, {credentials: "same-origin", cache: "no-store"});
   if (response.status === 401) { window.location = "/login"; throw new Error("not logged in"); }
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  const body = await response.json().catch(() => null);  // a proxy's or a crashed server's page is not JSON
+  if (!response.ok) throw new Error((body && body.error) || `HTTP ${response.status} ${response.statusText}`.trim());
+  if (body === null) throw new Error(`${path}: the answer is not JSON`);
   return body;
 }
 
