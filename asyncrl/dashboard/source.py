@@ -149,15 +149,13 @@ class RunSource:
 
     async def read(self, what: Callable[[Store], Awaitable[T]]) -> T:
         """`what(store)` on the run's data. A run that ends between the last refresh and this read takes its
-        Redis with it: the replay of its data takes over (as the next refresh would) and `what` runs once
-        more there, so a page open as the run ends goes on without an error."""
-        store = await self._readable_store()
+        Redis with it: a refresh now finds it gone and moves to the replay of its data (or finds a dropped
+        connection back), and `what` runs once more there, so a page open as the run ends goes on without
+        an error."""
         try:
-            return await what(store)
-        except RedisConnectionError as err:
-            async with self._lock:
-                if self.store is store:  # not already replaced by a concurrent request
-                    await self._lost(err)
+            return await what(await self._readable_store())
+        except RedisConnectionError:
+            await self.refresh(force=True)
         except RedisError as err:
             raise self._failed(err) from err
         try:
