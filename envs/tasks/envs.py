@@ -5,19 +5,12 @@ One dialogue loop serves all of them (a visible state machine per turn):
     USER (send prompt k) -> MODEL (one chat completion) -> SCORE (reply k vs answer k) -> next k | END
 
 The reward is the mean turn score (1/0 per turn; sort gives partial credit by position).
-No tools, no sandbox: answers are parsed from the assistant's content.
-
-Held-out split: a task id names a problem drawn from a seeded rng, and the problem spaces are small
-(single-digit addition has 100 problems, which the 1,000 train ids cover many times over), so held-out
-*ids* alone would hold nothing out. Instead a fixed share of the problems themselves (`eval_fraction`,
-chosen by a hash of the prompt text) is held out: train tasks and the warm-up's demonstrations are drawn
-from the other problems only, and the `eval` split lists distinct held-out problems (`arith-eval-00000`,
-...; at most `num_eval_tasks`, fewer when the held-out share of a small space is smaller).
+No tools, no sandbox: answers are parsed from the assistant's content. Train and held-out splits:
+envs/tasks/splits.py (a share of the problems themselves is held out, chosen by a hash of the prompts).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from abc import abstractmethod
 from typing import Callable, ClassVar
@@ -25,12 +18,7 @@ from typing import Callable, ClassVar
 from envs.sdk import Environment, EpisodeContext, EpisodeResult, EpisodeStatus
 from envs.tasks import problems
 from envs.tasks.problems import Problem
-
-
-MAX_DRAWS = 10_000
-"""Draws of a problem stream before giving up on finding one on the wanted side of the split."""
-EVAL_PATIENCE = 2_000
-"""Draws without a new held-out problem after which the eval split is complete."""
+from envs.tasks.splits import HeldOutSplit
 
 
 class DialogueTaskEnv(Environment):
@@ -39,71 +27,29 @@ class DialogueTaskEnv(Environment):
     score: ClassVar[Callable[[str, str], float]]
 
     def __init__(self, num_tasks: int = 1000, seed: int = 0, eval_fraction: float = 0.2, num_eval_tasks: int = 100):
-        if not 0.0 <= eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction={eval_fraction}: expected 0 <= eval_fraction < 1")
         self.num_tasks = num_tasks
-        self.seed = seed
-        self.eval_fraction = eval_fraction
-        self.num_eval_tasks = num_eval_tasks
-        self.splits = ("train", "eval") if eval_fraction > 0 else ("train",)
-        self._eval_problems: list[Problem] | None = None
+        self.split = HeldOutSplit(self.prefix, self.make_problem, lambda p: "\x1f".join(p.prompts), seed,
+                                  eval_fraction, num_eval_tasks)
+        self.splits = self.split.splits
 
     @abstractmethod
     def make_problem(self, rng: random.Random) -> Problem:
         """Draw one problem; the rng is seeded by (seed, task index)."""
 
     def held_out(self, problem: Problem) -> bool:
-        """Whether the problem belongs to the held-out share (a hash of its prompts: the same for every
-        seed and task id, so no train task and no demonstration is ever a held-out problem)."""
-        digest = hashlib.sha256("\x1f".join((self.prefix, *problem.prompts)).encode()).digest()
-        return int.from_bytes(digest[:8], "big") < self.eval_fraction * 2**64
-
-    def _draw(self, rng: random.Random, held_out: bool = False) -> Problem:
-        """The next problem of the rng's stream that is (or is not) held out."""
-        for _ in range(MAX_DRAWS):
-            problem = self.make_problem(rng)
-            if self.held_out(problem) == held_out:
-                return problem
-        raise ValueError(f"{type(self).__name__}: no {'held-out' if held_out else 'train'} problem in {MAX_DRAWS} "
-                         f"draws (eval_fraction={self.eval_fraction})")
-
-    def eval_problems(self) -> list[Problem]:
-        """Distinct held-out problems in a seeded order: up to num_eval_tasks, fewer when the stream finds
-        no new one in EVAL_PATIENCE draws (the held-out share of a small problem space is exhausted)."""
-        if self._eval_problems is None:
-            rng, found, seen, misses = random.Random(f"{self.prefix}:eval:{self.seed}"), [], set(), 0
-            while self.eval_fraction > 0 and len(found) < self.num_eval_tasks and misses < EVAL_PATIENCE:
-                problem = self.make_problem(rng)
-                if self.held_out(problem) and problem not in seen:
-                    seen.add(problem)
-                    found.append(problem)
-                    misses = 0
-                else:
-                    misses += 1
-            self._eval_problems = found
-        return self._eval_problems
+        return self.split.held_out(problem)
 
     def problem(self, task_id: str) -> Problem:
-        index = int(task_id.rsplit("-", 1)[1])
-        if task_id.startswith(f"{self.prefix}-eval-"):
-            return self.eval_problems()[index]
-        return self._draw(random.Random(f"{self.prefix}:{self.seed}:{index}"))
+        return self.split.problem(task_id)
 
     async def list_tasks(self, split: str = "train") -> list[str]:
-        if split == "train":
-            return [f"{self.prefix}-{i:05d}" for i in range(self.num_tasks)]
-        if split == "eval" and "eval" in self.splits:
-            return [f"{self.prefix}-eval-{i:05d}" for i in range(len(self.eval_problems()))]
-        raise ValueError(f"{type(self).__name__} has no {split!r} split (splits: {', '.join(self.splits)})")
+        return self.split.task_ids(split, self.num_tasks, type(self).__name__)
 
     def demonstrations(self, count: int, seed: int = 0) -> list[list[dict[str, str]]]:
-        """`count` solved dialogues (OpenAI messages) for a supervised warm-up, drawn from problems
-        outside the task ids (their own seed stream), so the warm-up does not see the RL tasks, and
-        never a held-out problem."""
-        rng = random.Random(f"{self.prefix}:demo:{self.seed}:{seed}")
+        """`count` solved dialogues (OpenAI messages) for a supervised warm-up, from train-side problems
+        outside the task ids (HeldOutSplit.demonstration_problems)."""
         dialogues = []
-        for _ in range(count):
-            problem = self._draw(rng)
+        for problem in self.split.demonstration_problems(count, seed):
             turns = [[{"role": "user", "content": p}, {"role": "assistant", "content": a}]
                      for p, a in zip(problem.prompts, problem.answers)]
             dialogues.append([m for turn in turns for m in turn])
