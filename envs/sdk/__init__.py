@@ -1,7 +1,7 @@
 """Env-service SDK: implement `Environment.list_tasks` and `Environment.run_episode`; the SDK serves it.
 
     from envs.sdk import (AgentLoop, Environment, EpisodeContext, EpisodeReason, EpisodeResult, EpisodeStatus,
-                          ExecResult, LoopOutcome, Sandbox, SandboxError, Tool, ToolResult, param, schema)
+                          ExecResult, LoopOutcome, Sandbox, SandboxError, Tool, ToolLog, ToolResult, param, schema)
 
     class MyEnv(Environment):
         name, domain = "my-env", "demo"
@@ -20,10 +20,10 @@ shows); the submodules are the SDK's own plumbing. See docs/envs.md.
 from asyncrl.protocols.env_service import EpisodeReason, EpisodeStatus
 from envs.sdk import param
 from envs.sdk.agent import AgentLoop, LoopOutcome, Tool, ToolResult
-from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
+from envs.sdk.base import Environment, EpisodeContext, EpisodeResult, ToolLog
 from envs.sdk.param import Param, check_arguments, schema
 from envs.sdk.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
 
 __all__ = ["AgentLoop", "Environment", "EpisodeContext", "EpisodeReason", "EpisodeResult", "EpisodeStatus",
-           "ExecResult", "LoopOutcome", "Param", "Sandbox", "SandboxConfig", "SandboxError", "Tool", "ToolResult",
-           "check_arguments", "param", "schema"]
+           "ExecResult", "LoopOutcome", "Param", "Sandbox", "SandboxConfig", "SandboxError", "Tool", "ToolLog",
+           "ToolResult", "check_arguments", "param", "schema"]

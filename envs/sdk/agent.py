@@ -42,6 +42,9 @@ class ToolResult:
     output: str
     done: bool = False
     """True ends the episode after this call (submit, answer)."""
+    error: bool = False
+    """The call failed (a command's non-zero exit, a lookup that found nothing): the agent sees `output`
+    as usual; the episode's tool log counts it as a tool error."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class AgentLoop:
         """Run the calls in order; True when one of them ended the episode (later calls are skipped)."""
         for call in tool_calls:
             result = await self._call(call.function.name, call.function.arguments)
+            self.ctx.tool_log.record(call.function.name, result.error)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": self._clip(result.output)})
             if result.done:
                 return True
@@ -147,14 +151,14 @@ class AgentLoop:
     async def _call(self, name: str, arguments: str) -> ToolResult:
         tool = self.tools.get(name)
         if tool is None:
-            return ToolResult(f"error: unknown tool {name!r}; available tools: {', '.join(self.tools)}")
+            return ToolResult(f"error: unknown tool {name!r}; available tools: {', '.join(self.tools)}", error=True)
         try:
             args = json.loads(arguments or "{}")
         except json.JSONDecodeError as err:
-            return ToolResult(f"error: the arguments of {name} are not valid JSON ({err})")
+            return ToolResult(f"error: the arguments of {name} are not valid JSON ({err})", error=True)
         args, problems = check_arguments(tool.parameters, args)
         if problems:
-            return ToolResult(f"error: {name}: {'; '.join(problems)}")
+            return ToolResult(f"error: {name}: {'; '.join(problems)}", error=True)
         result = await tool.run(**args)
         return result if isinstance(result, ToolResult) else ToolResult(result)
 

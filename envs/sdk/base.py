@@ -19,6 +19,26 @@ if TYPE_CHECKING:
     from envs.sdk.sandbox import Sandbox
 
 
+@dataclass
+class ToolLog:
+    """The tool calls an episode's agent made (EpisodeResult.info "tools"; the trainer's agent metrics). The
+    AgentLoop records every call it executes or refuses; an env with a loop of its own calls `record`."""
+
+    calls: int = 0
+    errors: int = 0
+    """Calls that failed: refused by the loop (unknown tool, arguments that are not JSON or do not fit the
+    tool's parameters) or reported failed by the tool (ToolResult.error)."""
+    by_tool: dict[str, int] = field(default_factory=dict)
+
+    def record(self, tool: str, error: bool) -> None:
+        self.calls += 1
+        self.errors += int(error)
+        self.by_tool[tool] = self.by_tool.get(tool, 0) + 1
+
+    def summary(self) -> dict[str, Any]:
+        return {"calls": self.calls, "errors": self.errors, "by_tool": dict(self.by_tool)}
+
+
 @dataclass(frozen=True)
 class EpisodeContext:
     """What the request says about this episode, beyond the task id."""
@@ -37,6 +57,8 @@ class EpisodeContext:
     never. An env with a loop of its own applies it the same way."""
     context_log: ContextLog = field(default_factory=ContextLog)
     """Per-call context sizes and the policy's edits; the SDK reports them (info "context", /metrics)."""
+    tool_log: ToolLog = field(default_factory=ToolLog)
+    """Tool calls and tool errors; the SDK reports them (info "tools", /metrics)."""
 
     def completion_args(self) -> dict[str, Any]:
         """Keyword arguments for `llm.chat.completions.create` besides messages and tools."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from asyncrl.protocols.env_service import OUTCOMES, EpisodeReason, OutcomeClass
+from envs.sdk.base import ToolLog
 from envs.sdk.context import ContextLog
 
 
@@ -38,6 +39,11 @@ class ServiceMetrics:
                                         ["env"], registry=self.registry).labels(**labels)
         self.context_edits = Counter("asyncrl_env_context_edits_total", "Model calls sent an edited context "
                                      "(each opens a gateway segment)", ["env"], registry=self.registry).labels(**labels)
+        self.tool_calls = Counter("asyncrl_env_tool_calls_total", "Tool calls the agents made (executed or refused)",
+                                  ["env"], registry=self.registry).labels(**labels)
+        self.tool_errors = Counter("asyncrl_env_tool_errors_total", "Tool calls that failed: refused (unknown tool, "
+                                   "bad arguments) or reported failed by the tool", ["env"],
+                                   registry=self.registry).labels(**labels)
         Gauge("asyncrl_env_sandbox_info", "Sandbox backend in use (1 = this type)", ["env", "type"],
               registry=self.registry).labels(env=env_name, type=sandbox_type).set(1)
         self._env = env_name
@@ -58,6 +64,10 @@ class ServiceMetrics:
         self.context_folds.inc(log.folds)
         self.context_discards.inc(log.discards)
         self.context_edits.inc(log.edits)
+
+    def tools(self, log: ToolLog) -> None:
+        self.tool_calls.inc(log.calls)
+        self.tool_errors.inc(log.errors)
 
     def _series(self, reason: EpisodeReason) -> tuple[Counter, Counter]:
         outcome, status = OUTCOMES[reason]

@@ -28,7 +28,7 @@ from openai import APIError, AsyncOpenAI
 
 from asyncrl.protocols.env_service import (DEFAULT_REASONS, OUTCOMES, EpisodeReason, EpisodeRequest, EpisodeResponse,
                                            EpisodeStatus, OutcomeClass)
-from envs.sdk.base import Environment, EpisodeContext, EpisodeResult
+from envs.sdk.base import Environment, EpisodeContext, EpisodeResult, ToolLog
 from envs.sdk.context import ContextConfig, ContextLog, build_policy
 from envs.sdk.metrics import ServiceMetrics
 from envs.sdk.sandbox import SandboxBackend, SandboxError
@@ -126,8 +126,8 @@ class EpisodeRunner:
     async def run(self, req: EpisodeRequest) -> EpisodeResponse:
         """Admit, play and report one episode; the caller's request stays open until it ends."""
         self.admit(req)
-        started, counter, context = time.monotonic(), _TurnCounter(), ContextLog()
-        play = asyncio.create_task(self._play(req, counter, context), name=f"episode-{req.episode_id}")
+        started, counter, context, tools = time.monotonic(), _TurnCounter(), ContextLog(), ToolLog()
+        play = asyncio.create_task(self._play(req, counter, context, tools), name=f"episode-{req.episode_id}")
         self._running[req.episode_id] = play
         self.metrics.in_flight.set(len(self._running))
         try:
@@ -139,7 +139,9 @@ class EpisodeRunner:
         turns = counter.turns if result.num_turns is None else result.num_turns
         self.metrics.finished(result.reason, result.reward, turns, elapsed)
         self.metrics.context(context)
+        self.metrics.tools(tools)
         info = {**result.info, "context": context.summary()} if context.prompt_tokens or context.edits else result.info
+        info = {**info, "tools": tools.summary()} if tools.calls else info
         log.debug("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
                  req.task_id, result.status.value, result.reason.value, result.reward, turns, elapsed)
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
@@ -173,10 +175,11 @@ class EpisodeRunner:
                 raise  # the request itself is being torn down, not just this episode
             return _ended(EpisodeReason.cancelled, {})
 
-    async def _play(self, req: EpisodeRequest, counter: _TurnCounter, context: ContextLog) -> EpisodeResult:
+    async def _play(self, req: EpisodeRequest, counter: _TurnCounter, context: ContextLog,
+                    tools: ToolLog) -> EpisodeResult:
         ctx = EpisodeContext(episode_id=req.episode_id, task_id=req.task_id, seed=req.seed, max_turns=req.max_turns,
                              deadline_s=req.deadline_s, model=req.llm.model, sampling=req.llm.sampling.model_dump(),
-                             context_policy=build_policy(self.context), context_log=context)
+                             context_policy=build_policy(self.context), context_log=context, tool_log=tools)
         budget = asyncio.timeout(req.deadline_s)
         try:
             async with budget, self._llm(req, counter) as llm, self._sandbox(req.episode_id) as sandbox:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, ExecResult, Sandbox, Tool
+from envs.sdk import AgentLoop, Environment, EpisodeContext, EpisodeResult, ExecResult, Sandbox, Tool, ToolResult
 from envs.sdk import schema
 
 DATA = Path(__file__).with_name("data") / "tasks.jsonl"
@@ -31,6 +31,18 @@ def format_exec(result: ExecResult) -> str:
     return f"{status}\n{result.output}"
 
 
+def bash_tool(sandbox: Optional[Sandbox]) -> Tool:
+    """The `bash` tool on an episode's sandbox (None: only its schema is wanted). A command that fails
+    (non-zero exit, killed by a limit) is a tool error: the agent sees it, the episode's tool log counts it."""
+
+    async def bash(command: str) -> ToolResult:
+        result = await sandbox.run(command)
+        return ToolResult(format_exec(result), error=not result.ok)
+
+    return Tool("bash", "Run a command in the working directory; returns its exit code and output.",
+                schema({"command": "the command line"}), bash)
+
+
 class TerminalEnv(Environment):
     name = "terminal"
     domain = "terminal"
@@ -47,12 +59,7 @@ class TerminalEnv(Environment):
         task = self.tasks[task_id]
         if task["files"]:
             await sandbox.write_files(task["files"])
-
-        async def bash(command: str) -> str:
-            return format_exec(await sandbox.run(command))
-
-        tool = Tool("bash", "Run a bash command in the working directory and return its exit code and output.",
-                    schema({"command": "the command line to run"}), bash)
+        tool = bash_tool(sandbox)
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["instruction"]}]
         outcome = await AgentLoop(llm, ctx, [tool]).run(messages)
         verdict = await sandbox.run(["bash", "-s"], stdin=task["verifier"].encode())
