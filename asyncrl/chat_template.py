@@ -136,6 +136,11 @@ class GlmChatTemplate:
         """<|assistant|><think> (thinking) or <|assistant|></think>: the model continues from here."""
         return [self._id["<|assistant|>"], self._id["<think>" if self.thinking else "</think>"]]
 
+    def render_reply(self, message: Message) -> list[int]:
+        """The ids a model generates for this assistant message after `generation_prompt()`: its think
+        block's rest, content and tool calls, without the stop token (`stop_token_for` gives it)."""
+        return self._render_assistant_body(message, 0)[1:]  # the body's first id closes the generation prompt
+
     def render(
         self, messages: Sequence[Message], tools: Sequence[Mapping] | None = None, add_generation_prompt: bool = False
     ) -> list[int]:

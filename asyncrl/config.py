@@ -546,9 +546,28 @@ class TrainerConfig:
 
 
 @dataclass
+class WarmupStage:
+    """An earlier supervised stage of the warm-up, on another env's demonstrations (WarmupConfig.stages)."""
+
+    env: str = MISSING
+    """Import path of an env class offering demonstrations(count, seed), as WarmupConfig.env."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments of the stage's env class."""
+    steps: int = 0
+    """Supervised optimizer steps of the stage."""
+    batch_size: int = 32
+    """Demonstrations per optimizer step of the stage."""
+
+
+@dataclass
 class WarmupConfig:
     """Supervised warm-up before RL (0 steps: none). Produces <run_dir>/warmup, reused by later runs."""
 
+    stages: list[WarmupStage] = field(default_factory=list)
+    """Stages run in order before the main one (env, steps), with the same optimizer and lr. The main job's
+    first stage is a copy task over digits: the tiny model starts from random weights where a real run starts
+    from a pretrained LM, and without the copying a pretrained model can do, its first 300+ demonstration
+    steps learn only the format (docs/envs.md "File lookup"). Each stage is cheap: its sequences are short."""
     steps: int = 0
     """Supervised optimizer steps before RL; 0: no warm-up."""
     env: str = "envs.tasks.ArithmeticEnv"

@@ -1,9 +1,10 @@
 """Supervised warm-up: teach a fresh model the task format before RL (the demo's first minute).
 
 The demonstrations come from an environment class named by import path (it must offer
-`demonstrations(count, seed) -> list of OpenAI message lists`), rendered with the same chat template
+`demonstrations(count, seed) -> list of OpenAI message lists`, and `demonstration_tools()` -> the OpenAI
+tool specs its agent sends, when the demonstrations call tools), rendered with the same chat template
 and stop token the gateway uses, so RL starts from a policy that already speaks the format. Only
-assistant tokens (and the stop token that ends each reply) are in the loss.
+assistant tokens (content and tool calls, and the stop token that ends each reply) are in the loss.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from asyncrl.chat_template import GlmChatTemplate
-from asyncrl.config import ModelSection, WarmupConfig
+from asyncrl.config import ModelSection, WarmupConfig, WarmupStage
 from asyncrl.model.generate import generate
 from asyncrl.model.io import load_pretrained, save_pretrained
 from asyncrl.model.model import Glm5ForCausalLM
@@ -27,35 +28,37 @@ from trainer.mtp_loss import MTPTerms, fit_mtp_layer, mtp_loss_terms
 log = logging.getLogger("trainer.sft")
 
 
-def tokenize_dialogue(template: GlmChatTemplate, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+def tokenize_dialogue(template: GlmChatTemplate, messages: list[dict[str, Any]],
+                      tools: Optional[list[dict[str, Any]]] = None) -> tuple[list[int], list[int]]:
     """-> (tokens, loss mask): each assistant reply is generated after its generation prompt and ends
-    with the stop token a model emits before the next message (as the gateway records turns)."""
+    with the stop token a model emits before the next message (as the gateway records turns); `tools`
+    open the conversation's system block as the agent's request renders them."""
     tokens: list[int] = []
     mask: list[int] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = template.render_incremental(messages[:_last_reply(messages, i)], tokens, messages[_last_reply(messages, i):i])
-        reply = template.tokenizer.encode(message["content"], allow_special=False)
-        stop = template.stop_token_for(messages[i + 1]) if i + 1 < len(messages) else template.tokenizer.eos_token_id
+        done = _last_reply(messages, i)
+        prompt = template.render_incremental(messages[:done], tokens, messages[done:i], tools)
+        reply = template.render_reply(message)
+        stop = template.stop_token_for(message) if i + 1 < len(messages) else template.tokenizer.eos_token_id
         tokens += prompt + reply + [stop]
         mask += [0] * len(prompt) + [1] * (len(reply) + 1)
     return tokens, mask
 
 
-def _last_reply(messages: list[dict[str, str]], before: int) -> int:
+def _last_reply(messages: list[dict[str, Any]], before: int) -> int:
     """Index after the last assistant message before `before` (what is already rendered)."""
     done = [j + 1 for j in range(before) if messages[j]["role"] == "assistant"]
     return done[-1] if done else 0
 
 
 def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) -> str:
-    """Train `cfg.steps` supervised steps and save an HF checkpoint; returns its directory."""
+    """Train the stages, then `cfg.steps` supervised steps on cfg.env, and save an HF checkpoint; returns its
+    directory."""
     torch.manual_seed(seed)
     net = load_pretrained(model.path) if model.path else Glm5ForCausalLM.from_config(model.arch, seed=seed)
     template = GlmChatTemplate(load_tokenizer(model.tokenizer), thinking=cfg.thinking)
-    env = load_object(cfg.env)(**cfg.env_options)
-    examples = [tokenize_dialogue(template, d) for d in env.demonstrations(cfg.steps * cfg.batch_size, seed)]
     for name in ("mtp_loss_coef", "mtp_distill_samples"):
         if getattr(cfg, name) > 0 and not net.model.mtp_layers:
             raise ValueError(f"warmup.{name} {getattr(cfg, name)}: the model has no MTP layer")
@@ -63,24 +66,33 @@ def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) 
         raise ValueError(f"warmup.mtp_depths must be >= 1, got {cfg.mtp_depths}")
     optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
-    for step in range(cfg.steps):
-        loss, mtp = _step(net, optimizer, rng.sample(examples, cfg.batch_size), cfg.mtp_loss_coef, cfg.mtp_depths)
-        if step % 20 == 0 or step == cfg.steps - 1:
-            log.info("warm-up step %d/%d: loss %.3f%s", step + 1, cfg.steps, loss,
-                     f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
-                     if mtp and mtp.count else "")
+    main = WarmupStage(env=cfg.env, env_options=cfg.env_options, steps=cfg.steps, batch_size=cfg.batch_size)
+    for stage in [*cfg.stages, main]:
+        env = load_object(stage.env)(**stage.env_options)
+        examples = _examples(template, env, stage.steps * stage.batch_size, seed)
+        for step in range(stage.steps):
+            loss, mtp = _step(net, optimizer, rng.sample(examples, stage.batch_size), cfg.mtp_loss_coef, cfg.mtp_depths)
+            if step % 20 == 0 or step == stage.steps - 1:
+                log.info("warm-up on %s, step %d/%d: loss %.3f%s", stage.env, step + 1, stage.steps, loss,
+                         f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
+                         if mtp and mtp.count else "")
     if cfg.mtp_distill_samples > 0:
-        _distill_mtp(net, env, template, cfg, max(sum(mask) for _, mask in examples), seed)
+        _distill_mtp(net, env, template, cfg, max(sum(mask) for _, mask in examples), seed)  # the main stage's
     save_pretrained(net, out_dir)
     return out_dir
+
+
+def _examples(template: GlmChatTemplate, env, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """`count` tokenized demonstrations of the env, with its agent's tools when it has some."""
+    tools = env.demonstration_tools() if hasattr(env, "demonstration_tools") else None
+    return [tokenize_dialogue(template, d, tools) for d in env.demonstrations(count, seed)]
 
 
 def _distill_mtp(net: Glm5ForCausalLM, env, template: GlmChatTemplate, cfg: WarmupConfig, max_reply: int,
                  seed: int) -> None:
     """Fit the MTP layer to replies the warmed-up policy samples itself (WarmupConfig.mtp_distill_samples),
     on first-turn prompts of a demonstration stream the warm-up did not use."""
-    dialogues = env.demonstrations(cfg.mtp_distill_samples, seed + 1)
-    prompts = [tokens[:mask.index(1)] for tokens, mask in (tokenize_dialogue(template, d) for d in dialogues)]
+    prompts = [tokens[:mask.index(1)] for tokens, mask in _examples(template, env, cfg.mtp_distill_samples, seed + 1)]
     replies = generate(net, prompts, max_reply, temperature=1.0, seed=seed, stop_ids=net.config.eos_token_ids)
     accuracy = fit_mtp_layer(net, [p + r for p, r in zip(prompts, replies)], cfg.mtp_distill_steps, lr=cfg.lr,
                              depths=cfg.mtp_depths)
