@@ -1,7 +1,7 @@
 """What a run did, in one record: printed when it ends and kept as <run_dir>/summary.json.
 
-    steps, wall time, mean reward of the first and the last window of steps, per-env outcome counts,
-    the final HF-format weights, and the command that evaluates them.
+    steps, wall time, mean reward of the first and the last window of steps, the agent metrics over the
+    same windows, per-env outcome counts, the final HF-format weights, and the command that evaluates them.
 
 Built from the run's metrics stream (the trainer's per-step records) and the orchestrator's last
 /v1/status; `asyncrl watch` shows the same file for a finished run.
@@ -18,6 +18,10 @@ from typing import Any, Optional
 REWARD_WINDOW = 10
 """Steps averaged for the first and the last reward (fewer when the run has under 2 windows)."""
 SUMMARY_FILE = "summary.json"
+AGENT_METRICS = {"rollout/turns_mean": "turns", "rollout/tool_calls_mean": "tool calls",
+                 "rollout/tool_call_parse_failures_mean": "tool-call parse failures",
+                 "rollout/tool_errors_mean": "tool errors", "rollout/episode_len_mean": "tokens"}
+"""Trainer record keys (per sample means, trainer/off_policy.py agent_health) the summary reports first vs last."""
 
 
 @dataclass
@@ -32,6 +36,8 @@ class RunSummary:
     reward_window: int
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
     """env -> outcome class (model, environment, infrastructure, ...) -> attempts."""
+    agent: dict[str, dict[str, float]] = field(default_factory=dict)
+    """AGENT_METRICS key -> {"first", "last"}: its mean over the first and the last reward window, per sample."""
     final_weights: Optional[str] = None
     eval_command: Optional[str] = None
     run_dir: str = ""
@@ -47,6 +53,9 @@ class RunSummary:
             reward = (f"mean reward {self.reward_first:.3f} (first {self.reward_window} steps) -> "
                       f"{self.reward_last:.3f} (last {self.reward_window})")
         out = [f"run {self.name}: {self.steps}/{self.total_steps} steps in {format_duration(self.wall_s)}, {reward}"]
+        if self.agent.get("rollout/tool_calls_mean", {}).get("last"):  # an agent that called tools
+            out.append("  per sample, first -> last: " + ", ".join(
+                f"{AGENT_METRICS.get(key, key)} {v['first']:.2f} -> {v['last']:.2f}" for key, v in self.agent.items()))
         for env, classes in sorted(self.outcomes.items()):
             counts = ", ".join(f"{cls} {n}" for cls, n in sorted(classes.items()))
             out.append(f"  env {env}: episodes by outcome: {counts or 'none'}")
@@ -67,7 +76,8 @@ def summarize(name: str, run_dir: Path, total_steps: int, wall_s: float, trainer
     return RunSummary(
         name=name, steps=int(trainer_records[-1]["step"]) if trainer_records else 0, total_steps=total_steps,
         wall_s=round(wall_s, 1), reward_first=_mean(rewards[:window]), reward_last=_mean(rewards[-window:]),
-        reward_window=window, outcomes=_outcomes(status), final_weights=final_weights,
+        reward_window=window, outcomes=_outcomes(status), agent=_agent(trainer_records, window),
+        final_weights=final_weights,
         eval_command=eval_command(final_weights, experiment), run_dir=str(run_dir))
 
 
@@ -94,6 +104,15 @@ def format_duration(seconds: float) -> str:
 
 def _mean(values: list[float]) -> Optional[float]:
     return round(sum(values) / len(values), 4) if values else None
+
+
+def _agent(trainer_records: list[dict[str, float]], window: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for key in AGENT_METRICS:
+        values = [r[key] for r in trainer_records if key in r]
+        if values:
+            out[key] = {"first": _mean(values[:window]), "last": _mean(values[-window:])}
+    return out
 
 
 def _outcomes(status: Optional[dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -105,6 +105,13 @@ class ChatReply:
             message["content"] = _cut_at_stop(message["content"], self.stops)
         return message
 
+    def parse_failures(self, output_ids: Sequence[int], message: dict[str, Any]) -> int:
+        """Tool calls the output opened that did not parse (malformed, or cut off): <tool_call> ids before
+        the stop, less the calls in the message."""
+        ids = self._message_ids(output_ids)
+        stop = next((i for i, t in enumerate(ids) if t in self.template.stop_token_ids), len(ids))
+        return max(ids[:stop].count(self._open_call) - len(message.get("tool_calls") or []), 0)
+
     def deltas(self, output_ids: Sequence[int], final: bool) -> list[dict[str, Any]]:
         """Text not yet streamed, as chunk deltas. An unclosed tool call, the tail that could still
         become a stop string and an incomplete UTF-8 character at the end (a token may hold part of one:

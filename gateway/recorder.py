@@ -18,7 +18,9 @@ def session_samples(session: Session, finish: FinishSessionRequest) -> list[Samp
                    task_id=session.task_id, env=session.env, status=finish.status, reward=finish.reward,
                    tokens=segment.tokens, loss_mask=segment.loss_mask, rollout_logprobs=segment.logprobs,
                    weight_versions=segment.versions, num_turns=segment.num_turns, engines=segment.engines,
-                   timings=timings, metadata={**session.metadata, "info": finish.info, "segment": i, "segments": n},
+                   timings=timings, metadata={**session.metadata, "info": finish.info, "segment": i, "segments": n,
+                             "tool_calls": segment.tool_calls,
+                             "tool_call_parse_failures": segment.tool_call_parse_failures},
                    routed_experts=segment.routing_rows(), temperatures=segment.temperatures)
             for i, segment in enumerate(session.segments)]
 

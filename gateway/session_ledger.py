@@ -92,6 +92,10 @@ class Segment:
     tools: Optional[list[dict[str, Any]]] = None
     num_turns: int = 0
     """Client turns (a turn continued after an interruption has several engine calls in `turns`)."""
+    tool_calls: int = 0
+    """Tool calls parsed from the model's chat replies (what the agent was handed to run)."""
+    tool_call_parse_failures: int = 0
+    """Tool calls the model opened (<tool_call>) that did not parse: left in the content as text."""
     routed_experts: Optional[np.ndarray] = None
     """Routing replay: the last engine call's routing of the segment's tokens (that call's prompt and
     output, all but the last token): the routing under which the latest tokens were generated."""
@@ -265,11 +269,11 @@ class Session:
         return Turn(segment, len(segment.tokens) if segment else 0, list(input_ids))
 
     # Commit ----------------------------------------------------------------------------------------
-    def commit(self, turn: Turn, reply: Optional[dict[str, Any]] = None) -> None:
+    def commit(self, turn: Turn, reply: Optional[dict[str, Any]] = None, parse_failures: int = 0) -> None:
         """Append the turn to the ledger: new tokens with mask 0, each call's output with mask 1.
 
         `reply` is the assistant message as returned to the client (chat turns): the next turn's
-        messages are compared against it."""
+        messages are compared against it; `parse_failures` the tool calls of the output that did not parse."""
         self.ensure_open()  # a turn that outran an abort: the session's record is closed (409)
         segment = turn.segment
         if segment is None:
@@ -295,6 +299,8 @@ class Session:
         else:
             segment.messages += [*turn.new_messages, reply]
         segment.num_turns += 1
+        segment.tool_calls += len((reply or {}).get("tool_calls") or [])
+        segment.tool_call_parse_failures += parse_failures
         self.num_turns += 1
         self.generate_s += turn.engine_latency_s
         self.last_used = time.time()

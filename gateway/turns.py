@@ -76,7 +76,7 @@ class Turns:
             reply = ChatReply(self.template, request, session.num_turns, plan)
             await self._run_watching_client(session, turn, self.chat_sampling(session, request, plan), client)
             message = reply.message(turn.output_ids)
-            session.commit(turn, message)
+            session.commit(turn, message, reply.parse_failures(turn.output_ids, message))
         self._count(session, turn, "chat", started)
         logprobs = self._logprobs(turn) if request.logprobs else None
         completion = chat_completion(_completion_id(), self.model_name, message,
@@ -100,7 +100,7 @@ class Turns:
                             for delta in reply.deltas(output_ids, final=False):
                                 yield _sse(chat_chunk(completion_id, self.model_name, delta))
                     message = reply.message(turn.output_ids)
-                    session.commit(turn, message)
+                    session.commit(turn, message, reply.parse_failures(turn.output_ids, message))
                     committed.set()
             except (NoEngineError, SessionClosedError, ValueError) as err:  # headers are sent: an SSE error event
                 yield _sse({"error": {"message": str(err), "type": type(err).__name__, "code": None}})

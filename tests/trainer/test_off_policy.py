@@ -93,6 +93,21 @@ def test_step_health_on_a_hand_made_step_whole_and_per_env():
     assert m["env/a/rollout/response_len_mean"] == 3.0 and m["env/a/rollout/episode_len_mean"] == 5.0
 
 
+def test_agent_metrics_are_per_sample_means_of_the_gateways_and_the_envs_counts():
+    batch, trained = hand_batch()
+    a, b = batch.groups[0].samples[0], batch.groups[1].samples[0]
+    a.metadata.update(tool_calls=3, tool_call_parse_failures=1, info={"tools": {"calls": 3, "errors": 2}})
+    b.metadata.update(tool_calls=1, tool_call_parse_failures=0, info={"tools": {"calls": 1, "errors": 0}})
+    m = step_health(batch, trained, IS_BAND, step_s=2.0)
+    assert (m["rollout/tool_calls_mean"], m["rollout/tool_call_parse_failures_mean"]) == (2.0, 0.5)
+    assert m["rollout/tool_errors_mean"] == 1.0 and m["env/a/rollout/tool_errors_mean"] == 2.0
+    b.metadata["segment"] = 1  # a later segment of its episode: the episode's tool errors count once, on segment 0
+    assert step_health(batch, trained, IS_BAND, step_s=2.0)["env/b/rollout/tool_calls_mean"] == 1.0
+    assert step_health(batch, trained, IS_BAND, step_s=2.0)["rollout/tool_errors_mean"] == 1.0
+    b.metadata["info"]["tools"]["errors"] = 4
+    assert step_health(batch, trained, IS_BAND, step_s=2.0)["rollout/tool_errors_mean"] == 1.0
+
+
 def test_outcome_labels():
     failed = make_sample("f", status="failed")
     assert outcome_label(failed) == "failed"
