@@ -169,3 +169,24 @@ async def test_concurrent_turns_of_one_session_apply_in_order(scripted_client, o
     record = await scripted_client.record(session["session_id"])
     # The same first message three times: the second and third are edits of history (new segments).
     assert [len(s["turns"]) for s in record["segments"]] == [1, 1, 1]
+
+
+async def test_samples_count_the_tool_calls_parsed_and_those_that_did_not_parse(scripted_client, openai_client,
+                                                                                 store, template):
+    """A reply whose tool call parses counts one call; one cut by max_tokens inside its call (the call stays
+    in the content as text) counts one parse failure (the trainer's agent metrics read both)."""
+    from tests.gateway.scripted import reply_ids
+
+    session = await scripted_client.create(sampling={"allow_truncation": True})
+    client = openai_client(base_url=session["base_url"], api_key="unused")
+    whole = await client.chat.completions.create(model="asyncrl", messages=USER, tools=TOOLS, temperature=0)
+    call = whole.choices[0].message
+    cut_at = reply_ids(template).index(template.tokenizer.token_id("</tool_call>"))  # before the call closes
+    cut = await client.chat.completions.create(model="asyncrl", messages=USER + [
+        call.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "a"}],
+        tools=TOOLS, temperature=0, max_tokens=cut_at)
+    assert cut.choices[0].finish_reason == "length" and not cut.choices[0].message.tool_calls
+    assert "<tool_call>" in cut.choices[0].message.content
+    finished = await scripted_client.finish(session["session_id"], reward=1.0)
+    [sample] = await store.get_samples(finished["sample_refs"])
+    assert (sample.metadata["tool_calls"], sample.metadata["tool_call_parse_failures"]) == (1, 1)
