@@ -21,9 +21,9 @@ from tests.services import ROOT
 from tests.wandb_files import read_offline_runs
 
 
-def launch(run_dir: Path, name: str, *overrides: str) -> subprocess.Popen:
+def launch(run_dir: Path, name: str, *overrides: str, experiment: str = "tiny_demo") -> subprocess.Popen:
     log = open(run_dir.parent / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "asyncrl.train", "experiment=tiny_demo", f"name={name}",
+    return subprocess.Popen([sys.executable, "-m", "asyncrl.train", f"experiment={experiment}", f"name={name}",
                              f"run_dir={run_dir}", *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
