@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (see README):
-#   make run    installs everything, then runs the main job (tiny_demo) on the embedded default
+#   make run    installs everything, then runs the main job (file_lookup: a tool-using agent) on the embedded default
 #   make test   installs everything, then runs the test suite (its default tier: every test not marked slow)
 # make test-slow: the slow tier, whole runs end to end (pytest -m slow; .ci/run runs it after make test)
 # Optional tier: make test-megatron (its own venv with megatron-core; see docs/megatron.md)
@@ -54,7 +54,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/python -m asyncrl.train experiment=tiny_demo $(ARGS)
+	$(VENV)/bin/python -m asyncrl.train experiment=file_lookup $(ARGS)
 
 test: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 	$(VENV)/bin/python -m pytest $(ARGS)

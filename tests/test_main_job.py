@@ -1,0 +1,76 @@
+"""The main job (`make run`, experiment=file_lookup), shortened to 30 RL steps: the agent's episodes are
+multi-turn with tool calls executed in the namespace sandbox, the recorded samples keep every tool output
+out of the loss mask, and the trained policy's held-out reward exceeds the warm-up's (`asyncrl eval`, the
+first 50 held-out tasks x 4 samples; seeded: docs/envs.md "File lookup" says how often it held)."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from asyncrl.store import Store
+from asyncrl.tokenizer import load_tokenizer
+from tests.envs.isolation import NAMESPACES
+from tests.services import ROOT
+from tests.test_e2e_run import _in_copy, launch
+
+STEPS = 30
+
+
+async def _samples(url: str, run: str):
+    store = Store.connect(url, run)
+    try:
+        return [sample for _, sample in await store.list_samples(count=100_000)]
+    finally:
+        await store.close()
+
+
+def held_out_reward(model, out) -> float:
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "eval", "experiment=file_lookup", "--model", str(model),
+                           "--tasks", "50", "--samples", "4", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())["mean_reward"]
+
+
+def check_tool_outputs_are_outside_the_loss(sample, tokenizer) -> None:
+    """Every token from an <|observation|> to the next <|assistant|> (the tool's output) has mask 0; the
+    model's own tool calls have mask 1."""
+    observation, assistant = tokenizer.token_id("<|observation|>"), tokenizer.token_id("<|assistant|>")
+    call = tokenizer.token_id("<tool_call>")
+    inside, outputs = False, 0
+    for token, mask in zip(sample.tokens.tolist(), sample.loss_mask.tolist()):
+        if token == observation and mask == 1:  # the model's stop token opens the observation
+            inside = True
+            continue
+        if token == assistant:
+            inside = False
+        if inside:
+            assert mask == 0, tokenizer.decode(sample.tokens.tolist())
+            outputs += 1
+        if token == call:
+            assert mask == 1
+    assert outputs > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not NAMESPACES, reason="the main job's env runs its tools in the namespace sandbox")
+def test_the_main_job_trains_a_multi_turn_tool_using_agent(tmp_path):
+    run_dir = tmp_path / "file_lookup"
+    proc = launch(run_dir, "file_lookup", f"total_steps={STEPS}", experiment="file_lookup")
+    assert proc.wait(700) == 0, (tmp_path / "file_lookup.log").read_text()[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and set(summary["outcomes"]["file-lookup"]) == {"model"}
+    samples = asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy", _samples))
+    tools = [s.metadata["info"].get("tools", {}).get("calls", 0) for s in samples]
+    assert np.mean([s.num_turns for s in samples]) >= 2.5 and np.mean(tools) >= 1.5, (np.mean(tools), len(samples))
+    tokenizer = load_tokenizer("builtin:tiny")
+    for sample in [s for s, n in zip(samples, tools) if n >= 2][:50]:
+        check_tool_outputs_are_outside_the_loss(sample, tokenizer)
+    base = held_out_reward(run_dir / "warmup", tmp_path / "base.json")
+    trained = held_out_reward(run_dir / "final", tmp_path / "trained.json")
+    assert trained > base, (base, trained)
