@@ -51,6 +51,24 @@ def test_demonstrations_tokenize_as_the_gateway_renders_them():
     assert "exit code" not in trained  # tool outputs are never in the loss
 
 
+def test_the_lazy_expert_stops_early_and_replies_with_what_it_read():
+    """lazy_expert: that share of demonstrations stops before the last file and replies with the numbers read
+    so far (reward 0: the warm-up's room for RL). Every number a demonstration replies is one it read."""
+    lazy = FileLookupEnv(num_files=3, names="abc", lazy_expert=0.5)
+    problems = lazy.split.demonstration_problems(400, 0)
+    demos = lazy.demonstrations(400, seed=0)
+    assert demos == lazy.demonstrations(400, seed=0)  # seeded
+    reads = [sum(m["role"] == "tool" for m in d) for d in demos]
+    assert 0.4 < reads.count(3) / len(demos) < 0.6 and {1, 2} <= set(reads)
+    for demo, problem, read in zip(demos, problems, reads):
+        assert [int(n) for n in demo[-1]["content"].split()] == problem.answer[:read]
+        assert [m["tool_calls"][0]["function"]["arguments"] for m in demo if m.get("tool_calls")] == [
+            f'{{"command": "cat {name}"}}' for name, _ in problem.files[:read]]
+    assert all(sum(m["role"] == "tool" for m in d) == 3 for d in FileLookupEnv(num_files=3).demonstrations(50))
+    with pytest.raises(ValueError, match="lazy_expert"):
+        FileLookupEnv(num_files=1, lazy_expert=0.5)
+
+
 @needs_namespaces
 async def test_the_expert_scores_one_and_a_guess_scores_zero(service, scripted_llm):
     task = "look-00007"
