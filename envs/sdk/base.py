@@ -103,6 +103,9 @@ class Environment(ABC):
     requires_sandbox: ClassVar[bool] = False
     """True when episodes execute agent-controlled code: the service then refuses to start without
     an isolating sandbox unless the operator chose the unsafe local one."""
+    reward_range: tuple[float, float] = (-100.0, 100.0)
+    """The rewards this env can return, bounds included: a reward outside it (1e30 from a grader's bug) is
+    an env_error like NaN, never trained. An env with larger rewards widens it (class or instance)."""
     splits: tuple[str, ...] = ("train",)
     """The task splits `list_tasks` serves. `train` is what RL trains on; an env with held-out tasks
     (what `asyncrl eval` scores) adds `eval` and takes `split` in list_tasks. Splits must not share task

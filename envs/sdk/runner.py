@@ -35,6 +35,11 @@ from envs.sdk.sandbox import SandboxBackend, SandboxError
 
 log = logging.getLogger("envs.runner")
 
+LOGGED_FAILURES = frozenset(r for r, (outcome, _) in OUTCOMES.items()
+                            if outcome in (OutcomeClass.environment, OutcomeClass.infrastructure))
+"""Endings the service's log gets a warning line for (a refused result, a deadline cut, a broken sandbox or
+LLM endpoint): an operator reads why episodes were excluded without turning on debug logging."""
+
 
 class AdmissionError(Exception):
     status_code = 400
@@ -142,8 +147,10 @@ class EpisodeRunner:
         self.metrics.tools(tools)
         info = {**result.info, "context": context.summary()} if context.prompt_tokens or context.edits else result.info
         info = {**info, "tools": tools.summary()} if tools.calls else info
-        log.debug("episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f", req.episode_id,
-                 req.task_id, result.status.value, result.reason.value, result.reward, turns, elapsed)
+        log.log(logging.WARNING if result.reason in LOGGED_FAILURES else logging.DEBUG,
+                "episode=%s task=%s status=%s reason=%s reward=%.3f turns=%d seconds=%.2f%s", req.episode_id,
+                req.task_id, result.status.value, result.reason.value, result.reward, turns, elapsed,
+                f" error={result.info['error']!r}" if "error" in result.info else "")
         return EpisodeResponse(episode_id=req.episode_id, task_id=req.task_id, reward=result.reward,
                                status=result.status, reason=result.reason, num_turns=turns,
                                info=_jsonable(info))
@@ -190,7 +197,7 @@ class EpisodeRunner:
                                                                 "deadline_s": req.deadline_s})
             log.exception("episode=%s task=%s failed", req.episode_id, req.task_id)
             return _ended(_failure_reason(err), {"error": f"{type(err).__name__}: {err}"})
-        return _checked(result, type(self.env).__name__)
+        return _checked(result, type(self.env).__name__, self.env.reward_range)
 
     @asynccontextmanager
     async def _llm(self, req: EpisodeRequest, counter: _TurnCounter) -> AsyncIterator[AsyncOpenAI]:
@@ -223,12 +230,15 @@ def _failure_reason(err: Exception) -> EpisodeReason:
     return EpisodeReason.env_error
 
 
-def _checked(result: EpisodeResult, env_name: str) -> EpisodeResult:
+def _checked(result: EpisodeResult, env_name: str, reward_range: tuple[float, float]) -> EpisodeResult:
     """The env's result as a model outcome with its reason, or an env_error saying what the env got wrong."""
+    low, high = reward_range
     if not isinstance(result, EpisodeResult):
         problem = f"{env_name}.run_episode returned {type(result).__name__}, not EpisodeResult"
     elif not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
         problem = f"non-finite reward {result.reward!r}"
+    elif not low <= result.reward <= high:
+        problem = f"reward {result.reward!r} outside {env_name}.reward_range [{low:g}, {high:g}]"
     elif result.status not in (EpisodeStatus.completed, EpisodeStatus.truncated):
         problem = f"env returned status {getattr(result.status, 'value', result.status)!r}; raise to report a failure"
     else:

@@ -5,6 +5,7 @@ names what broke (excluded from training), and /metrics counts each per class an
 
 import asyncio
 import itertools
+import logging
 import math
 import re
 import shutil
@@ -27,8 +28,8 @@ class ScenarioEnv(Environment):
     requires_sandbox = True
 
     async def list_tasks(self):
-        return ["play", "tool-raises", "returns-failed", "claims-deadline", "nan-reward", "own-timeout",
-                "sandbox-gone", "sleeps"]
+        return ["play", "tool-raises", "returns-failed", "claims-deadline", "nan-reward", "huge-reward",
+                "own-timeout", "sandbox-gone", "sleeps"]
 
     async def run_episode(self, task_id, llm, sandbox, ctx):
         if task_id == "returns-failed":
@@ -37,6 +38,8 @@ class ScenarioEnv(Environment):
             return EpisodeResult(0.0, EpisodeStatus.truncated, reason=EpisodeReason.deadline_exceeded)
         if task_id == "nan-reward":
             return EpisodeResult(math.nan)
+        if task_id == "huge-reward":  # finite, but no reward this env can give (reward_range)
+            return EpisodeResult(1e30)
         if task_id == "own-timeout":  # the env's own timeout, not the episode's deadline
             async with asyncio.timeout(0.01):
                 await asyncio.sleep(1)
@@ -122,22 +125,36 @@ async def test_an_env_result_without_a_reason_gets_its_status_default(runner, sc
     ("returns-failed", "env_error", "raise to report a failure"),
     ("claims-deadline", "env_error", "with reason 'deadline_exceeded'"),
     ("nan-reward", "env_error", "non-finite reward"),
+    ("huge-reward", "env_error", "reward 1e+30 outside ScenarioEnv.reward_range [-100, 100]"),
     ("own-timeout", "env_error", "TimeoutError"),
     ("sandbox-gone", "sandbox_error", "SandboxError: cannot start 'bash' in the sandbox"),
 ])
-async def test_failures_are_classified_by_what_broke(runner, scripted_llm, task_id, reason, error):
+async def test_failures_are_classified_by_what_broke(runner, scripted_llm, caplog, task_id, reason, error):
     url, _ = scripted_llm.script(call("broken"))
-    response = await runner.run(request(task_id, url))
+    with caplog.at_level(logging.WARNING, logger="envs.runner"):
+        response = await runner.run(request(task_id, url))
     outcome = "environment" if reason == "env_error" else "infrastructure"
     assert outcome_of(response) == ("failed", outcome, reason) and response.reward == 0.0
     assert error in response.info["error"]
     assert counted(runner, outcome, reason) == 1
+    assert f"task={task_id} status=failed reason={reason}" in caplog.text and error in caplog.text  # logged
 
 
-async def test_deadline_and_llm_endpoint_are_infrastructure_failures(runner, scripted_llm):
+async def test_an_env_sets_its_reward_range(runner, scripted_llm):
+    class Large(ScenarioEnv):
+        reward_range = (0.0, 1e31)
+
+    runner.env = Large()
+    response = await runner.run(request("huge-reward"))
+    assert outcome_of(response) == ("completed", "model", "completed") and response.reward == 1e30
+
+
+async def test_deadline_and_llm_endpoint_are_infrastructure_failures(runner, scripted_llm, caplog):
     broken_llm, _ = scripted_llm.script()  # answers 500
     slow_llm, _ = scripted_llm.script(say("late", delay_s=30))
-    cut_in_env = await runner.run(request("sleeps", deadline_s=0.3))
+    with caplog.at_level(logging.WARNING, logger="envs.runner"):
+        cut_in_env = await runner.run(request("sleeps", deadline_s=0.3))
+    assert "task=sleeps status=failed reason=deadline_exceeded" in caplog.text  # a deadline cut is logged
     cut_in_llm_call = await runner.run(request("play", slow_llm, deadline_s=0.3))
     llm_down = await runner.run(request("play", broken_llm))
     assert [outcome_of(r) for r in (cut_in_env, cut_in_llm_call)] == [("failed", "infrastructure",
