@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from contextlib import ExitStack
@@ -709,8 +710,20 @@ def _token_env(name: str, token: Optional[str]) -> dict[str, str]:
     return {name: token} if token else {}
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    """One plain line naming what failed. A RayTaskError's own text starts with a colored `ray::Actor.method()`
+    header; the exception raised inside the actor (its `cause`) names the failure, with its module, so a
+    dead Redis reads as `redis.exceptions.ConnectionError: ...`."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException) and cause is not err:
+        kind = type(cause)
+        name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        return f"{name}: {_first_line(cause)}"
+    text = ANSI_ESCAPE.sub("", str(err)).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _quietly(fn) -> None:

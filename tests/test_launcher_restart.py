@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncrl.config import ComponentsConfig, RunConfig
 from asyncrl.launcher import ComponentFailed, Job
@@ -33,6 +34,13 @@ class SlowlyRestartingTrainer:
         return total_steps
 
 
+class TrainerLosingRedis(SlowlyRestartingTrainer):
+    """Its run() raises what a trainer whose Redis died raises."""
+
+    def run(self, total_steps: int) -> int:
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+
 @pytest.fixture
 def job(local_ray, redis_server, run_name, tmp_path):
     cfg = RunConfig(name=run_name, total_steps=1,
@@ -47,6 +55,19 @@ def test_a_slow_trainer_restart_is_waited_for_and_counts_once(job, tmp_path):
     start = time.monotonic()
     run.wait()  # returns once the restarted trainer's run() does
     assert (tmp_path / "died").exists() and time.monotonic() - start >= RESTART_DELAY_S
+
+
+def test_a_trainer_error_is_named_by_its_cause_without_escape_codes(local_ray, redis_server, run_name, tmp_path):
+    """Ray's error text opens with a colored `ray::Trainer.run()` line; the console gets the cause instead."""
+    cfg = RunConfig(name=run_name, total_steps=1,
+                    components=ComponentsConfig(trainer=f"{__name__}.TrainerLosingRedis"))
+    run = Job(cfg, tmp_path, redis_server.url)
+    run._create_trainer("unused")
+    run._start_training()
+    with pytest.raises(ComponentFailed) as failure:
+        run.wait()
+    assert str(failure.value) == ("trainer failed: redis.exceptions.ConnectionError: "
+                                  "Error 111 connecting to 127.0.0.1:1. Connection refused.")
 
 
 def test_a_trainer_that_does_not_come_back_in_time_fails_the_run(job):
