@@ -63,6 +63,10 @@ class WeightsState:
     served_version: int = 0
     """What every engine serves: the version of the trainer's last push (0 before the first). An engine
     that did not take a push is restarted from a snapshot of it, so they all converge on this one."""
+    lineage_offset: int = 0
+    """Versions a restarted trainer pushed without training (its checkpoint's weights under a new version,
+    TrainerState.repushes): served_version - lineage_offset is the trained pushes, what the orchestrator's
+    staleness rule budgets groups by (rollouts during a restart must not run further ahead)."""
     snapshot_version: int = 0
     snapshot: Optional[str] = None
     """The newest snapshot directory (None before the first): a (re)starting engine loads it, labelled
@@ -298,15 +302,17 @@ class Store:
         """A weight snapshot directory (HF format) is on disk: what a (re)starting engine loads from now on."""
         await self.redis.hset(self.key("weights"), mapping={"snapshot_version": str(version), "snapshot": path})
 
-    async def record_served_version(self, version: int, method: str) -> None:
+    async def record_served_version(self, version: int, method: str, lineage_offset: int = 0) -> None:
         """The engines were told to serve `version` (a push); the orchestrator's staleness rule follows it."""
         await self.redis.hset(self.key("weights"), mapping={"served_version": str(version), "method": method,
+                                                            "lineage_offset": str(lineage_offset),
                                                             "pushed_at": str(time.time())})
         await self.note_trainer_progress("weights")
 
     async def weights(self) -> WeightsState:
         fields = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.key("weights"))).items()}
         return WeightsState(served_version=int(fields.get("served_version", 0)),
+                            lineage_offset=int(fields.get("lineage_offset", 0)),
                             snapshot_version=int(fields.get("snapshot_version", 0)),
                             snapshot=fields.get("snapshot"), method=fields.get("method"))
 

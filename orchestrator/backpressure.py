@@ -9,11 +9,12 @@ reads each signal answers `holds()` from local counts, so the limits hold exactl
   soon), >= max_unconsumed_groups: the trainer lags. Groups the trainer has read but not acknowledged
   (training, or waiting for the checkpoint that makes them durable) do not count: counting them would
   deadlock a trainer that checkpoints every few steps.
-- `staleness`: group n may start only while n < (served_version + staleness_limit + 1) * groups_per_step,
+- `staleness`: group n may start only while n < (trained_version + staleness_limit + 1) * groups_per_step,
   so rollouts never run more than staleness_limit weight versions ahead of the trainer (AReaL's rule).
-  served_version is the `weights` hash's (asyncrl.store.WeightsState): the version of the trainer's
-  last push, whatever its method (not the newest snapshot, which tensor/distributed pushes write
-  only now and then).
+  trained_version is the `weights` hash's served_version (asyncrl.store.WeightsState: the version of the
+  trainer's last push, whatever its method; not the newest snapshot, which tensor/distributed pushes
+  write only now and then) less its lineage_offset: a restarted trainer pushes its checkpoint's weights
+  under a new version, and that push trained nothing.
 
 A new signal is a `Signal` subclass added to `Backpressure.signals`.
 """
@@ -38,7 +39,7 @@ class Signal(ABC):
         """Read what this signal needs from Redis (every backpressure_interval_s)."""
 
     @abstractmethod
-    def holds(self, served_version: Optional[int]) -> bool:
+    def holds(self, trained_version: Optional[int]) -> bool:
         """True while new groups must wait (called before every new group: keep it cheap)."""
 
 
@@ -59,7 +60,7 @@ class UnconsumedGroups(Signal):
         self.unconsumed = await store.unread_groups()
         self.recorded_at_read = self.recorded()  # after the read: a group written meanwhile counts twice, never 0 times
 
-    def holds(self, served_version):
+    def holds(self, trained_version):
         not_yet_read = self.recorded() - self.recorded_at_read + self.unwritten()
         return self.unconsumed + not_yet_read + self.open_groups() >= self.limit
 
@@ -70,8 +71,8 @@ class Staleness(Signal):
     def __init__(self, limit: int, groups_per_step: int, groups_started: Callable[[], int]) -> None:
         self.limit, self.groups_per_step, self.groups_started = limit, groups_per_step, groups_started
 
-    def holds(self, served_version):
-        return self.groups_started() >= ((served_version or 0) + self.limit + 1) * self.groups_per_step
+    def holds(self, trained_version):
+        return self.groups_started() >= ((trained_version or 0) + self.limit + 1) * self.groups_per_step
 
 
 class Backpressure:
@@ -83,12 +84,16 @@ class Backpressure:
         self.on_change = on_change
         self.served_version: Optional[int] = None
         """The weight version the engines serve (None until the first read)."""
+        self.trained_version: Optional[int] = None
+        """served_version less the versions a restarted trainer pushed without training (lineage_offset):
+        what the staleness rule budgets by."""
 
     def reasons(self) -> list[str]:
-        return [s.name for s in self.signals if s.holds(self.served_version)]
+        return [s.name for s in self.signals if s.holds(self.trained_version)]
 
     async def refresh(self) -> None:
-        self.served_version = (await self.store.weights()).served_version
+        weights = await self.store.weights()
+        self.served_version, self.trained_version = weights.served_version, weights.served_version - weights.lineage_offset
         for signal in self.signals:
             await signal.refresh(self.store)
         self.on_change()

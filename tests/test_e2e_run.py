@@ -109,6 +109,11 @@ def test_run_survives_env_engine_and_trainer_kills(tmp_path):
     assert env_log.count("listening on") >= 2  # the env service was relaunched
     groups = asyncio.run(_acked_groups(run_dir, tmp_path))
     assert len(groups) == len(set(groups)) and len(groups) >= 24 * 8  # every trained group acknowledged once
+    print("stale members per step:", [(int(r["step"]), int(r["filter_stale"]), int(r["filter_groups_dropped"]))
+                                      for r in records])
+    # the restarted trainer pushed its checkpoint's weights under a new version; the groups delivered before
+    # the kill are measured along that line (TrainerState.lineage_version) and trained again, none stale
+    assert sum(r["filter_stale"] for r in records) == 0
 
 
 @pytest.mark.slow

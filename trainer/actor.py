@@ -114,7 +114,9 @@ class Trainer:
         if served != self.state.weight_version:
             log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", served,
                      self.state.weight_version)
-            await self.push_weights(max(served, self.state.weight_version) + 1, reset_optimizer=False)
+            pushed = max(served, self.state.weight_version) + 1
+            self.state.repushes.append([pushed, self.state.weight_version])
+            await self.push_weights(pushed, reset_optimizer=False)
 
     async def announce(self) -> None:
         """Record where this trainer's /metrics is (`services` hash, key `trainer_metrics`)."""
@@ -123,7 +125,7 @@ class Trainer:
 
     async def next_batch(self) -> Optional[StepBatch]:
         """The next step's batch, or None once a stop is requested (the loader takes its groups back)."""
-        read = asyncio.ensure_future(self.loader.next_step(self.state.weight_version))
+        read = asyncio.ensure_future(self.loader.next_step(self.state.weight_version, self.state.lineage_version))
         stop = asyncio.ensure_future(self.stopping.wait())
         await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -142,7 +144,7 @@ class Trainer:
         return result
 
     async def push_weights(self, version: int, reset_optimizer: Optional[bool] = None) -> PushReport:
-        report = await self.weights.push(self.backend, version)
+        report = await self.weights.push(self.backend, version, self.state.lineage_offset)
         self.state.weight_version = version
         if self.cfg.weight_push.reset_optimizer if reset_optimizer is None else reset_optimizer:
             self.backend.reset_optimizer()

@@ -114,29 +114,33 @@ def members(group: TrainingGroup) -> list[list[Sample]]:
     return list(by_session.values())
 
 
-def is_stale(member: Sequence[Sample], weight_version: int, staleness_tau: int) -> bool:
-    """w_now - w_first > tau, w_first the oldest version of any generated token (none: not stale)."""
-    versions = [s.first_weight_version for s in member if s.first_weight_version >= 0]
+def is_stale(member: Sequence[Sample], weight_version: int, staleness_tau: int,
+             lineage: Callable[[int], int] = lambda v: v) -> bool:
+    """w_now - w_first > tau, w_first the oldest version of any generated token (none: not stale), in the
+    numbering of w_now's line of weights (`lineage`: TrainerState.lineage_version, after restarts)."""
+    versions = [lineage(s.first_weight_version) for s in member if s.first_weight_version >= 0]
     return bool(versions) and weight_version - min(versions) > staleness_tau
 
 
-def _classify(member: Sequence[Sample], weight_version: int, staleness_tau: int) -> str:
+def _classify(member: Sequence[Sample], weight_version: int, staleness_tau: int,
+              lineage: Callable[[int], int]) -> str:
     statuses = {s.status for s in member}
     if "aborted" in statuses:
         log.warning("aborted sample %s reached the trainer (dropped)", member[0].sample_id)
         return "aborted"
     if "failed" in statuses:
         return "failed"
-    return "stale" if is_stale(member, weight_version, staleness_tau) else "valid"
+    return "stale" if is_stale(member, weight_version, staleness_tau, lineage) else "valid"
 
 
-def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, advantage: str) -> ScoredGroup:
+def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, advantage: str,
+                lineage: Callable[[int], int] = lambda v: v) -> ScoredGroup:
     """Apply the validity and padding rules to one group and compute its advantages."""
     if advantage not in ADVANTAGES:
         raise ValueError(f"trainer.advantage {advantage!r} not in {sorted(ADVANTAGES)}")
     size = group.record.group_size
     found = members(group)
-    kinds = [_classify(m, weight_version, staleness_tau) for m in found]
+    kinds = [_classify(m, weight_version, staleness_tau, lineage) for m in found]
     valid = [m for m, kind in zip(found, kinds) if kind == "valid"]
     stats = FilterStats(failed=kinds.count("failed"), stale=kinds.count("stale"), aborted=kinds.count("aborted"),
                         missing=max(size - len(found), 0), groups_filtered=group.record.filtered_before)

@@ -43,6 +43,25 @@ class TrainerState:
     """Version of the last weights this trainer pushed (0: the initial weights the engines start with)."""
     trained_stream_ids: list[str] = field(default_factory=list)
     """Groups trained since the previous checkpoint: acknowledged once this checkpoint is durable."""
+    repushes: list[list[int]] = field(default_factory=list)
+    """[pushed, restored] for each restart that pushed the checkpoint's weights under a new version
+    (Trainer.sync_engines: versions only grow): version `pushed` serves the weights of version `restored`."""
+
+    @property
+    def lineage_offset(self) -> int:
+        """Versions pushed without training: served version - this = trained pushes (the orchestrator's
+        staleness budget, WeightsState.lineage_offset)."""
+        return sum(pushed - restored for pushed, restored in self.repushes)
+
+    def lineage_version(self, version: int) -> int:
+        """`version` renumbered into the line of weights served now, so that staleness (now - version) counts
+        optimizer steps: a group generated at the checkpoint's version before a restart is as fresh as the
+        weights pushed again after it, not `pushed - restored` versions old (it was delivered, and must be
+        trained again, not dropped as stale). Versions of weights the restart threw away land ahead of now."""
+        for pushed, restored in self.repushes:
+            if version < pushed:
+                version += pushed - restored
+        return version
 
 
 class CheckpointManager:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from asyncrl.config import TrainerConfig
 from asyncrl.store import Store
@@ -43,6 +43,8 @@ class StepBatch:
     """Every group consumed by this step, including dropped ones (all acknowledged on commit)."""
     stats: FilterStats
     micro_batch_tokens: int
+    lineage: Callable[[int], int] = lambda version: version
+    """A sample's weight version in the numbering of `weight_version` (TrainerState.lineage_version)."""
     committed: bool = field(default=False, init=False)
     num_loss_tokens: int = field(init=False)
     num_loss_sequences: int = field(init=False)
@@ -58,6 +60,10 @@ class StepBatch:
     @property
     def fill_ratio(self) -> float:
         return fill_ratio(self.micro_batches, self.micro_batch_tokens)
+
+    def staleness(self, sample) -> int:
+        """Optimizer steps between the weights that generated the sample's first token and this step's."""
+        return max(self.weight_version - self.lineage(sample.first_weight_version), 0)
 
     def normalizer(self, aggregation: str) -> int:
         """Loss denominator shared by all micro-batches of the step (LossInputs.normalizer), so the
@@ -84,8 +90,9 @@ class GroupLoader:
         """Groups read into batches that are not committed yet."""
         return len(self._in_flight)
 
-    async def next_step(self, weight_version: int) -> StepBatch:
-        """Block until `groups_per_step` usable groups are read; score, pack and return them."""
+    async def next_step(self, weight_version: int, lineage: Callable[[int], int] = lambda v: v) -> StepBatch:
+        """Block until `groups_per_step` usable groups are read; score, pack and return them. `lineage`
+        renumbers sample versions into weight_version's line (TrainerState.lineage_version)."""
         step_id = next(self._step_ids)
         kept: list[ScoredGroup] = []
         consumed: list[ScoredGroup] = []
@@ -93,7 +100,8 @@ class GroupLoader:
             while len(kept) < self.config.groups_per_step:
                 for group in await self._read(self.config.groups_per_step - len(kept)):
                     self._in_flight.add(group.stream_id)
-                    scored = score_group(group, weight_version, self.config.staleness_tau, self.config.advantage)
+                    scored = score_group(group, weight_version, self.config.staleness_tau, self.config.advantage,
+                                         lineage)
                     consumed.append(scored)
                     if scored.samples:
                         kept.append(scored)
@@ -103,7 +111,7 @@ class GroupLoader:
         samples = [s for scored in kept for s in scored.samples]
         return StepBatch(step_id, weight_version, pack(samples, self.config.micro_batch_tokens),
                          [s.group for s in consumed], sum((s.stats for s in consumed), FilterStats()),
-                         self.config.micro_batch_tokens)
+                         self.config.micro_batch_tokens, lineage)
 
     async def commit(self, batch: StepBatch) -> None:
         """The step is durable: acknowledge its groups. Committing a batch again does nothing."""

@@ -98,7 +98,7 @@ def step_metrics(batch: StepBatch, result: StepResult, push: Optional[PushReport
     """The `trainer` record of the metrics stream for one step (its off-policy health: trainer/off_policy.py)."""
     samples = {s.sample_id: s for g in batch.groups for s in g.samples}
     trained = [samples[sid] for mb in batch.micro_batches for sid in mb.sample_ids]
-    staleness = [batch.weight_version - s.first_weight_version for s in trained if s.first_weight_version >= 0]
+    staleness = [batch.staleness(s) for s in trained if s.first_weight_version >= 0]
     metrics = {
         "step": step, "weight_version": weight_version, "loss": result.loss, "grad_norm": result.grad_norm,
         "tokens": result.num_tokens, "tokens_per_s": result.num_tokens / max(train_s, 1e-9),

@@ -113,17 +113,17 @@ def step_health(batch: StepBatch, trained: dict[str, SampleTokens], band: Option
     by_env: dict[str, list[Sample]] = defaultdict(list)
     for sample in consumed:
         by_env[sample.env].append(sample)
-    out = _health(consumed, trained, band, batch.weight_version, step_s, prefix="")
+    out = _health(consumed, trained, band, batch, step_s, prefix="")
     for env, samples in sorted(by_env.items()):  # a one-env run has its env panel too: runs read alike
-        out.update(_health(samples, trained, band, batch.weight_version, step_s, prefix=f"env/{env}/"))
+        out.update(_health(samples, trained, band, batch, step_s, prefix=f"env/{env}/"))
     return out
 
 
 def _health(samples: list[Sample], trained: dict[str, SampleTokens], band: Optional[TrustBand],
-            weight_version: int, step_s: float, prefix: str) -> dict[str, float]:
+            batch: StepBatch, step_s: float, prefix: str) -> dict[str, float]:
     pairs = [(s, trained[s.sample_id]) for s in samples if s.sample_id in trained]
     out = {f"{prefix}off_policy/{k}": v for k, v in TokenSet.of(pairs).health(band).items()}
-    staleness = Counter(weight_version - s.first_weight_version for s, _ in pairs if s.first_weight_version >= 0)
+    staleness = Counter(batch.staleness(s) for s, _ in pairs if s.first_weight_version >= 0)
     out.update({f"{prefix}off_policy/staleness/{k}": float(n) for k, n in sorted(staleness.items())})
     episodes = len({s.session_id for s in samples})
     generated = sum(int(s.loss_mask.sum()) for s in samples)

@@ -207,7 +207,9 @@ class WeightSync:
         self.clients: dict[str, EngineClient] = {}
         """engine id -> client, kept across pushes (a new HTTP client costs tens of ms)."""
 
-    async def push(self, backend: TrainerBackend, version: int) -> PushReport:
+    async def push(self, backend: TrainerBackend, version: int, lineage_offset: int = 0) -> PushReport:
+        """Serve `version` on every engine; `lineage_offset`: versions pushed before without training
+        (TrainerState.lineage_offset), published with it."""
         start = time.perf_counter()
         tensors = backend.hf_state_dict()
         report = PushReport(self.cfg.method, version, 0, sum(t.numel() * t.element_size() for t in tensors.values()))
@@ -220,7 +222,7 @@ class WeightSync:
         due = self.pushes % max(self.cfg.snapshot_every_pushes, 1) == 0
         if snapshot is None and (due or report.failed):  # an engine restarted for this push loads it
             snapshot = await self._snapshot(tensors, backend.hf_config(), version)
-        await self.store.record_served_version(version, self.cfg.method)
+        await self.store.record_served_version(version, self.cfg.method, lineage_offset)
         if report.failed:
             log.warning("weights v%d did not reach %s: their actors restart them with the v%d snapshot", version,
                         report.failed, version)

@@ -25,8 +25,8 @@ def install(trainer, crash: str, log_path: str) -> None:
                                              trainer.backend._forward_backward, trainer.loader.commit)
     last = {}
 
-    async def next_step(version):
-        last["batch"] = await read(version)
+    async def next_step(*args):
+        last["batch"] = await read(*args)
         return last["batch"]
 
     def train_step(*args):

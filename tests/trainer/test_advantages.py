@@ -3,6 +3,7 @@ import pytest
 
 from tests.trainer.helpers import make_group, make_sample
 from trainer.advantages import FilterStats, is_stale, score_group
+from trainer.checkpoint import TrainerState
 
 W_NOW, TAU = 10, 2
 
@@ -43,6 +44,25 @@ def test_staleness_is_measured_on_the_oldest_generated_token():
     assert is_stale([make_sample("a", version=7)], W_NOW, TAU)
     assert is_stale([make_sample("a", versions=[9, 7, 9, 10])], W_NOW, TAU)  # multi-version sample: w0 = 7
     assert not is_stale([make_sample("a", gen_len=0)], W_NOW, TAU)  # no generated token, nothing is stale
+
+
+def test_staleness_after_a_restart_counts_steps_along_the_restored_line():
+    """Checkpoint at v15, engines at v17 when the trainer died: the restored trainer pushes its v15 weights as
+    v18 (versions only grow). A group generated at v15 is as fresh as v18 (the weights are the same) and,
+    delivered before the crash, must be trained again, not dropped as 3 versions stale; at v20 (two steps
+    on) it is 2 steps old. v16-v17 (weights the restart threw away) land ahead of now, not stale."""
+    state = TrainerState(step=15, weight_version=18, repushes=[[18, 15]])
+    assert [state.lineage_version(v) for v in (12, 15, 16, 17, 18, 20)] == [15, 18, 19, 20, 18, 20]
+    assert not is_stale([make_sample("a", version=15)], 18, TAU, state.lineage_version)
+    assert is_stale([make_sample("a", version=15)], 18, 0, lambda v: v)  # by raw version numbers: 3 stale
+    assert not is_stale([make_sample("a", version=15)], 20, TAU, state.lineage_version)
+    assert is_stale([make_sample("a", version=14)], 20, TAU, state.lineage_version)  # 3 steps along the line
+    scored = score_group(make_group([make_sample(f"s{i}", version=15) for i in range(2)]), 18, 0, "group_mean",
+                         state.lineage_version)
+    assert scored.stats.stale == 0 and len(scored.samples) == 2
+    # a second restart from a checkpoint of the new line (v20 = step 17), engines at v23: pushed as v24
+    state.repushes.append([24, 20])
+    assert [state.lineage_version(v) for v in (15, 20, 22, 24)] == [22, 24, 26, 24]
 
 
 def test_stale_member_dropped_and_group_padded_deterministically():
