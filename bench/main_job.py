@@ -49,13 +49,21 @@ def window_means(records: list[dict], size: int = 10) -> list[dict]:
     return out
 
 
+def cpu_model() -> str:
+    """The host's CPU (the warm-up's outcome has differed by CPU: docs/envs.md "File lookup")."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    return "unknown"
+
+
 def report(args, run_dir: Path, wall_s, results: dict, windows: list[dict], load: tuple) -> list[str]:
     base, final = results["warmup"], results["final"]
     ks = list(base["pass_at_k"])
     rows = [f"| {name} | {r['mean_reward']:.3f} | " + " | ".join(f"{r['pass_at_k'][k]:.3f}" for k in ks) + " |"
             for name, r in (("base (warm-up)", base), ("trained (final)", final))]
     return ["# The main job: held-out pass@1 before and after RL", "",
-            f"Command: `{' '.join(['python', *sys.argv])}` (load average {load[0]:.2f} at start).  ",
+            f"Command: `{' '.join(['python', *sys.argv])}` (load average {load[0]:.2f} at start; host: {cpu_model()}).  ",
             f"Run: `python -m asyncrl.train experiment={args.experiment}` (what `make run` runs)"
             + (f", {wall_s:.0f} s wall, start-up and warm-up included" if wall_s else "") + f"; run dir {run_dir}.  ",
             f"Eval: `asyncrl eval experiment={args.experiment} --model <run_dir>/<weights> --samples {args.samples}`, "
