@@ -93,7 +93,8 @@ class Backpressure:
 
     async def refresh(self) -> None:
         weights = await self.store.weights()
-        self.served_version, self.trained_version = weights.served_version, weights.served_version - weights.lineage_offset
+        self.served_version = weights.served_version
+        self.trained_version = weights.served_version - weights.lineage_offset
         for signal in self.signals:
             await signal.refresh(self.store)
         self.on_change()

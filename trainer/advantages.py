@@ -114,8 +114,13 @@ def members(group: TrainingGroup) -> list[list[Sample]]:
     return list(by_session.values())
 
 
+def as_recorded(version: int) -> int:
+    """The lineage of a trainer that never restarted: recorded versions already count its pushes."""
+    return version
+
+
 def is_stale(member: Sequence[Sample], weight_version: int, staleness_tau: int,
-             lineage: Callable[[int], int] = lambda v: v) -> bool:
+             lineage: Callable[[int], int] = as_recorded) -> bool:
     """w_now - w_first > tau, w_first the oldest version of any generated token (none: not stale), in the
     numbering of w_now's line of weights (`lineage`: TrainerState.lineage_version, after restarts)."""
     versions = [lineage(s.first_weight_version) for s in member if s.first_weight_version >= 0]
@@ -134,7 +139,7 @@ def _classify(member: Sequence[Sample], weight_version: int, staleness_tau: int,
 
 
 def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, advantage: str,
-                lineage: Callable[[int], int] = lambda v: v) -> ScoredGroup:
+                lineage: Callable[[int], int] = as_recorded) -> ScoredGroup:
     """Apply the validity and padding rules to one group and compute its advantages."""
     if advantage not in ADVANTAGES:
         raise ValueError(f"trainer.advantage {advantage!r} not in {sorted(ADVANTAGES)}")

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from asyncrl.config import TrainerConfig
 from asyncrl.store import Store
 from asyncrl.types import TrainingGroup
-from trainer.advantages import FilterStats, ScoredGroup, score_group
+from trainer.advantages import FilterStats, ScoredGroup, as_recorded, score_group
 from trainer.packing import MicroBatch, fill_ratio, pack
 
 
@@ -43,7 +43,7 @@ class StepBatch:
     """Every group consumed by this step, including dropped ones (all acknowledged on commit)."""
     stats: FilterStats
     micro_batch_tokens: int
-    lineage: Callable[[int], int] = lambda version: version
+    lineage: Callable[[int], int] = as_recorded
     """A sample's weight version in the numbering of `weight_version` (TrainerState.lineage_version)."""
     committed: bool = field(default=False, init=False)
     num_loss_tokens: int = field(init=False)
@@ -90,7 +90,7 @@ class GroupLoader:
         """Groups read into batches that are not committed yet."""
         return len(self._in_flight)
 
-    async def next_step(self, weight_version: int, lineage: Callable[[int], int] = lambda v: v) -> StepBatch:
+    async def next_step(self, weight_version: int, lineage: Callable[[int], int] = as_recorded) -> StepBatch:
         """Block until `groups_per_step` usable groups are read; score, pack and return them. `lineage`
         renumbers sample versions into weight_version's line (TrainerState.lineage_version)."""
         step_id = next(self._step_ids)

@@ -15,8 +15,8 @@ letters, those files in that order: the main job (configs/experiment/file_lookup
 learns to copy numbers out of observations, not yet names out of the prompt: docs/envs.md "File lookup").
 The scripted expert (`demonstrations`) plays exactly this for the supervised warm-up, with the
 observations the sandbox really prints; in a share `lazy_expert` of its demonstrations it replies before it
-has read every file (the main job: half), which RL then unlearns. Train and held-out splits: envs/tasks/splits.py (a hash of the
-file names and numbers holds a share of the problems out).
+has read every file (the main job: half), which RL then unlearns. Train and held-out splits:
+envs/tasks/splits.py (a hash of the file names and numbers holds a share of the problems out).
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class FileLookupEnv(Environment):
         leaves a policy that RL can teach to read every file (docs/envs.md "File lookup"). Every number in a
         reply is copied from an observation: the laziness is in the decision to stop, not in the copying."""
         rng = random.Random(f"lazy-expert-{seed}")
-        return [self._solve(problem, self._files_read(rng)) for problem in self.split.demonstration_problems(count, seed)]
+        return [self._solve(problem, self._files_read(rng))
+                for problem in self.split.demonstration_problems(count, seed)]
 
     def _files_read(self, rng: random.Random) -> int:
         return rng.randint(1, self.num_files - 1) if rng.random() < self.lazy_expert else self.num_files
