@@ -20,6 +20,7 @@ the healthy process, which then loads that snapshot; each request is honoured on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Optional
 from redis.exceptions import RedisError
 
 from asyncrl.config import RolloutConfig
+from asyncrl.engine_client import EngineClient
 from asyncrl.network import advertised_host
 from asyncrl.node_files import ensure_dir, unpack_dir
 from asyncrl.store import store_call
@@ -99,7 +101,29 @@ class RolloutEngine(Supervisor):
         return self.backend.environment()
 
     def on_serving(self) -> None:
+        """Catch up, register, catch up again: the trainer pushes to the engines registered when its push
+        starts, so one that missed a push while it started would generate at weights the trainer has moved
+        past (its groups stale) until the next push reached it."""
+        self._catch_up()
         store_call(self.redis_url, self.run, lambda store: store.register_engine(self.engine_id, self.url()))
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Load the newest recorded snapshot if it is newer than what the engine serves (asked of the engine:
+        a push may have reached it meanwhile, and versions only grow)."""
+        weights = store_call(self.redis_url, self.run, lambda store: store.weights())
+        if (weights.snapshot and weights.snapshot_version > int(self.weights[1])
+                and self._have_snapshot(weights.snapshot)):
+            asyncio.run(self._load_if_newer(weights.snapshot, weights.snapshot_version))
+
+    async def _load_if_newer(self, snapshot: str, version: int) -> None:
+        async with EngineClient(self.url(), api_key=self.cfg.api_key) as engine:
+            serving = int(await engine.weight_version())
+            if serving < version:
+                await engine.update_weights_from_disk(snapshot, str(version))
+                log.info("%s started with weights v%d and missed pushes meanwhile: loaded snapshot v%d",
+                         self.engine_id, serving, version)
+        self.weights = (snapshot, str(version))
 
     def shutdown(self, grace_s: float = 15.0) -> Optional[int]:
         """Graceful: the engine aborts in-flight work on SIGTERM; the URL leaves the registry."""

@@ -152,6 +152,11 @@ def score_group(group: TrainingGroup, weight_version: int, staleness_tau: int, a
     for member, kind in zip(found, kinds):
         if kind == "failed":
             stats.count_failure(group.record.env, next(s for s in member if s.status == "failed"))
+    if stats.stale:
+        versions = sorted({s.first_weight_version for m, kind in zip(found, kinds) if kind == "stale" for s in m})
+        log.info("group %s: %d stale members (generated at versions %s, %s in this line of weights; now %d, "
+                 "tau %d)", group.stream_id, stats.stale, versions, [lineage(v) for v in versions],
+                 weight_version, staleness_tau)
     if 2 * len(valid) <= size:
         stats.groups_dropped = 1
         return ScoredGroup(group, [], stats)

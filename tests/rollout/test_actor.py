@@ -11,7 +11,7 @@ import ray
 from asyncrl.config import RolloutConfig
 from asyncrl.engine_client import EngineClient
 from asyncrl.store import Store
-from rollout.actor import EngineGroup
+from rollout.actor import EngineGroup, RolloutEngine
 from rollout.backends import LaunchSpec, SGLangBackend, make_backend
 from rollout.server import parse_args
 
@@ -74,6 +74,35 @@ def test_health_monitor_relaunches_a_dead_engine_process(local_ray, redis_server
         assert asyncio.run(greedy(restarted["url"])).meta_info.weight_version == "0"
     finally:
         group.shutdown()
+
+
+def test_engine_that_missed_a_push_while_starting_loads_the_newest_snapshot(redis_server, run_name, tiny_checkpoint,
+                                                                           tiny_checkpoint_b, tmp_path):
+    """The trainer pushes to the engines registered when its push starts: one (re)starting meanwhile catches
+    up when it serves (RolloutEngine.on_serving), instead of generating at weights the trainer moved past."""
+    cfg = RolloutConfig(num_engines=1, num_cpus_per_engine=1, health_check_interval_s=0.5, max_total_tokens=8192)
+    engine = RolloutEngine(cfg, "engine-0", str(tiny_checkpoint), redis_server.url, run_name, str(tmp_path))
+    try:
+        started = asyncio.run(greedy(engine.url()))
+        assert started.meta_info.weight_version == "0"
+        asyncio.run(_record(redis_server.url, run_name, str(tiny_checkpoint_b), 3))  # a push it was not part of
+        engine.on_serving()
+        caught_up = asyncio.run(greedy(engine.url()))
+        assert caught_up.meta_info.weight_version == "3" and caught_up.output_ids != started.output_ids
+        asyncio.run(_record(redis_server.url, run_name, str(tiny_checkpoint), 2))  # versions only grow
+        engine.on_serving()
+        assert asyncio.run(greedy(engine.url())).output_ids == caught_up.output_ids
+    finally:
+        engine.shutdown()
+
+
+async def _record(redis_url, run, path, version):
+    store = Store.connect(redis_url, run)
+    try:
+        await store.record_snapshot(version, path)
+        await store.record_served_version(version, "disk")
+    finally:
+        await store.close()
 
 
 async def _push(redis_url, run, engine_url, path, version):
