@@ -27,13 +27,14 @@ class RedisConfig:
     """redis://host:port/db of an existing server; None starts an embedded redis-server."""
     aof: bool = True
     """Embedded server only: persist every write to an append-only file."""
-    appendfsync: str = "everysec"
-    """Embedded server only: redis' appendfsync. `everysec` (the default) may lose the last 1-2 s of
-    acknowledged writes when redis-server itself is killed: it answers a write whose AOF append it
-    postponed behind a running background fsync. `always` fsyncs before each reply, so every acknowledged
-    write survives, at a cost measured here (bench/results/redis_fsync.md): a lone writer 0.37 ms a write
-    instead of 0.15 ms; 32 concurrent writers 0.078 vs 0.069 ms a write; during an AOF rewrite p99 0.96
-    vs 0.22 ms."""
+    appendfsync: str = "always"
+    """Embedded server only: redis' appendfsync. `always` (the default) fsyncs before each reply, so every
+    acknowledged write survives a redis-server crash, which the launcher restarts from the AOF. `everysec`
+    may lose the last 1-2 s of acknowledged writes there (it answers a write whose AOF append it postponed
+    behind a running fsync): groups, samples or acknowledgements the other components believe written.
+    Measured (bench/results/redis_fsync.md): a lone writer 0.37 ms a write instead of 0.15 ms; 32 concurrent
+    writers 0.078 vs 0.069 ms; during an AOF rewrite p99 0.96 vs 0.22 ms; a 30-step tiny_demo run 63.1 / 64.6 s
+    vs 63.8 / 62.0 s (two runs each)."""
     data_dir: Optional[str] = None
     """Embedded server only: where the AOF lives; None = <run_dir>/redis."""
     retention_groups: int = 10_000

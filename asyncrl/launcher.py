@@ -110,9 +110,10 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
         try:
             _start_ray(cfg, stack)  # first: the embedded Redis of a run across hosts publishes the node's address
             signals.install()
-            redis_url = cfg.redis.url or _embedded_redis(cfg, run_dir, stack)
+            embedded = None if cfg.redis.url else _embedded_redis(cfg, run_dir, stack)
+            redis_url = cfg.redis.url or embedded.url
             (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
-            job = Job(cfg, run_dir, redis_url)
+            job = Job(cfg, run_dir, redis_url, embedded)
             job.start()
             job.wait()
             interrupted = False
@@ -177,13 +178,13 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
         log.warning("resume=false: deleted the run's %d keys from %s", deleted, cfg.redis.url)
 
 
-def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> str:
+def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> EmbeddedRedis:
     server = EmbeddedRedis(cfg.redis.data_dir or run_dir / "redis", aof=cfg.redis.aof,
                            appendfsync=cfg.redis.appendfsync, host=cfg.cluster.host or "127.0.0.1").start()
     stack.callback(server.stop)
     log.info("embedded redis-server at %s (AOF %s, appendfsync %s, data in %s)", server.url, cfg.redis.aof,
              cfg.redis.appendfsync, server.data_dir)
-    return server.url
+    return server
 
 
 def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
@@ -210,8 +211,10 @@ def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
 class Job:
     """The running components of one run, and how they are started, watched and stopped."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, redis_url: str, embedded: Optional[EmbeddedRedis] = None) -> None:
         self.cfg, self.run_dir, self.redis_url = cfg, run_dir, redis_url
+        self.embedded = embedded
+        """The run's own redis-server (no redis.url): restarted from its AOF if it dies (`_revive_redis`)."""
         self.engines: Any = None
         self.services: dict[str, Any] = {}
         self.trainer: Any = None
@@ -219,6 +222,7 @@ class Job:
         self.collector: Optional[Collector] = None
         self.wandb: Optional[WandbMirror] = None
         """The W&B run (wandb.enabled); the collector closes it, or shutdown when no collector started."""
+        self.redis_restarts = 0
         self.resumed_from = 0
         self.shipped_weights: Optional[list] = None
         """[ObjectRef] of the initial weights, on a cluster of several nodes without a shared filesystem."""
@@ -441,6 +445,7 @@ class Job:
                     self.training = self.trainer.run.remote(self.cfg.total_steps)
                 except ray.exceptions.RayError as err:
                     raise ComponentFailed("trainer", _first_line(err)) from err
+            self._revive_redis()
             if time.monotonic() - last_check > SERVICE_CHECK_EVERY_S:
                 last_check = time.monotonic()
                 self._check_services()
@@ -467,14 +472,34 @@ class Job:
             except ray.exceptions.RayActorError as err:  # died for good (out of restarts)
                 raise ComponentFailed("trainer", f"not restarted: {_first_line(err)}") from err
 
+    def _revive_redis(self) -> None:
+        """A dead embedded redis-server is started again on its address from its AOF; every component's
+        Redis client retries its commands meanwhile (trainer.redis_retry_s and the services' own retries).
+        Writes that redis acknowledged but had not appended to the AOF yet are lost with appendfsync
+        everysec (redis.appendfsync: `always` loses none)."""
+        code = self.embedded.died() if self.embedded else None
+        if code is None:
+            return
+        self.redis_restarts += 1
+        log.warning("embedded redis-server died (exit code %s): restarting it from its AOF at %s (restart %d)", code,
+                    self.redis_url, self.redis_restarts)
+        started = time.monotonic()
+        try:
+            self.embedded.revive()
+        except RuntimeError as err:
+            raise ComponentFailed("redis-server", f"died (exit code {code}) and could not be restarted: {err}") from err
+        log.warning("embedded redis-server back after %.1f s", time.monotonic() - started)
+
     def _check_services(self) -> None:
         import ray
 
         for name, handle in self.services.items():
             try:
-                ray.get(handle.status.remote(), timeout=60)
+                status = ray.get(handle.status.remote(), timeout=60)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
                 raise ComponentFailed(name, _first_line(err)) from err
+            if status.get("failure"):
+                raise ComponentFailed(name, status["failure"])
 
     def _report_progress(self) -> None:
         """One line every PROGRESS_EVERY_S: where training is, how fast, and what holds it up if nothing

@@ -58,12 +58,12 @@ class EmbeddedRedis:
 
     `start()` blocks until the server answers PING; `stop()` asks it to SHUTDOWN (flushing the AOF)
     and waits. Restarting on the same `data_dir` reloads every write that reached the AOF: with
-    appendfsync `always`, every acknowledged one. With `everysec` (the default), redis may answer a
+    appendfsync `always` (the default), every acknowledged one. With `everysec`, redis may answer a
     write whose AOF append it postponed behind a running fsync, and a kill then loses it.
     """
 
     def __init__(self, data_dir: str | Path, port: Optional[int] = None, aof: bool = True,
-                 appendfsync: str = "everysec", host: str = "127.0.0.1") -> None:
+                 appendfsync: str = "always", host: str = "127.0.0.1") -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -83,8 +83,10 @@ class EmbeddedRedis:
         return "127.0.0.1" if self.host in WILDCARDS else self.host
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        """Start it on `port` (None: a free one, picked again if taken before redis binds it)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):  # a port picked free can be taken before redis binds it: retry
+        fixed = self.port is not None
+        for _ in range(5):
             self.port = self.port or _free_port(self.host)
             # Its own session: a terminal's Ctrl-C reaches the launcher's process group, and Redis must
             # outlive that signal until the trainer's last acknowledgement (the launcher stops it last).
@@ -93,8 +95,20 @@ class EmbeddedRedis:
             if self._wait_ready(timeout_s):
                 return self
             self.stop()
-            self.port = None
-        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
+            self.port = self.port if fixed else None
+            time.sleep(0.5)
+        raise RuntimeError(f"redis-server did not start on port {self.port}; see {self.data_dir / 'redis.log'}")
+
+    def died(self) -> Optional[int]:
+        """The exit code of a server that died while it should run (None while it runs or after stop())."""
+        return None if self.process is None else self.process.poll()
+
+    def revive(self, timeout_s: float = 60.0) -> None:
+        """Start a dead server again on its port and data dir: it reloads its AOF (a large one takes a while)
+        and its clients, which retry their commands, reconnect to the same URL. Call it from the thread that
+        started the server: the server dies with that thread (PR_SET_PDEATHSIG)."""
+        self.process = None
+        self.start(timeout_s)
 
     def _command(self) -> list[str]:
         return [

@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -30,6 +31,9 @@ from asyncrl.network import NODE_IP_ENV, node_ip
 from asyncrl.process import spawn, terminate
 
 log = logging.getLogger("asyncrl.supervisor")
+
+RESTART_ATTEMPTS = 3
+"""Failed restarts in a row (one per health-check tick) after which a service is given up for."""
 
 
 class Supervisor(ABC):
@@ -41,6 +45,11 @@ class Supervisor(ABC):
         self.process: Optional[subprocess.Popen] = None
         self.serving = False
         self.restarts = 0
+        self.failed_restarts = 0
+        """Restarts in a row that did not bring the service back (reset by one that did)."""
+        self.failure: Optional[str] = None
+        """Why the service is given up for (RESTART_ATTEMPTS failed restarts in a row): the launcher stops the
+        run naming it (status()["failure"]) instead of waiting on a dead component."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -90,8 +99,9 @@ class Supervisor(ABC):
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode} while starting; "
-                                   f"log {self.log_path}:\n{_tail(self.log_path)}")
+                tail = _tail(self.log_path)
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode} while starting "
+                                   f"({tail.splitlines()[-1] if tail else 'empty log'}; log {self.log_path})\n{tail}")
             if self._probe(timeout_s=2.0):
                 return
             time.sleep(0.1)
@@ -114,7 +124,15 @@ class Supervisor(ABC):
                 log.warning("%s: restart requested", self.name)
             else:
                 log.warning("%s is down (exit code %s): restarting", self.name, self.process.poll())
-            self.restart()
+            try:
+                self.restart()
+                self.failed_restarts = 0
+            except Exception as err:  # noqa: BLE001 - tried again on the next tick, then given up
+                self.failed_restarts += 1
+                log.error("%s: restart %d of %d failed: %s", self.name, self.failed_restarts, RESTART_ATTEMPTS, err)
+                if self.failed_restarts >= RESTART_ATTEMPTS:
+                    self.failure = f"could not be restarted ({RESTART_ATTEMPTS} attempts): {str(err).splitlines()[0]}"
+                    return
 
     def restart(self) -> dict[str, Any]:
         with self._lock:
@@ -126,7 +144,7 @@ class Supervisor(ABC):
     def status(self) -> dict[str, Any]:
         alive = self.process is not None and self.process.poll() is None
         return {"name": self.name, "url": self.url() if self.serving else None, "serving": self.serving and alive,
-                "pid": self.process.pid if self.process else None, "restarts": self.restarts}
+                "pid": self.process.pid if self.process else None, "restarts": self.restarts, "failure": self.failure}
 
     def shutdown(self, grace_s: float = 20.0) -> Optional[int]:
         """Stop watching, SIGTERM the service (it drains), return its exit code."""
@@ -136,8 +154,12 @@ class Supervisor(ABC):
 
 
 class ServiceActor(Supervisor):
-    """`python -m module args... --port P --url-file F`: the URL is read from the file at each start. Port 0
-    binds a free port (its URL changes at a restart); a fixed port restarts the service where it was."""
+    """`python -m module args... --port P --url-file F`: the URL is read from the file at each start.
+
+    A restart binds where the service was, so its clients (the orchestrator's gateway URL, the env services'
+    orchestrator URL) find it where they look: port 0 takes a free port at the first start only, and an
+    actor that Ray restarted takes its predecessor's (from the URL file it left on this node). A port that
+    cannot be bound again fails the restart, and after RESTART_ATTEMPTS the run (Supervisor.failure)."""
 
     def __init__(self, name: str, module: str, args: list[str], work_dir: str, env: Optional[dict[str, str]] = None,
                  port: int = 0, python: Optional[str] = None, files: Optional[dict[str, str]] = None,
@@ -150,6 +172,8 @@ class ServiceActor(Supervisor):
         self.python = python or sys.executable
         """The interpreter: another venv's runs a service whose dependencies do not fit the run's venv."""
         self._url: Optional[str] = None
+        if not self.port and _reconstructed() and self.url_file.exists():
+            self.port = _port(self.url_file.read_text())
         self.start()
 
     @property
@@ -166,12 +190,29 @@ class ServiceActor(Supervisor):
     def environment(self) -> dict[str, str]:
         return self.env
 
+    def on_serving(self) -> None:
+        self.port = self.port or _port(self.url())
+
     def url(self) -> str:
         if self._url is None:
             if not self.url_file.exists():
                 raise RuntimeError(f"{self.name} has not bound its port yet")
             self._url = self.url_file.read_text().strip()
         return self._url
+
+
+def _port(url: str) -> int:
+    return urlsplit(url.strip()).port or 0
+
+
+def _reconstructed() -> bool:
+    """True in a Ray actor that Ray restarted after its process died."""
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+    except (ImportError, RuntimeError, AttributeError):
+        return False
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -7,13 +7,16 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgpack
 import pytest
+import redis
 
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
@@ -123,6 +126,100 @@ def test_run_survives_env_engine_and_trainer_kills(tmp_path):
     for r in redone:
         assert (r["filter_stale"], r["filter_groups_dropped"]) == \
             (first[int(r["step"])]["filter_stale"], first[int(r["step"])]["filter_groups_dropped"]), r["step"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_survives_gateway_and_orchestrator_kills(tmp_path):
+    """Both bind a free port at the start; their supervisors restart them on that same port, where the
+    orchestrator (gateway URL) and the env services (orchestrator URL) look. The restarted orchestrator
+    rebuilds its groups from Redis and re-dispatches the episodes of the dead one's attempts."""
+    run_dir = tmp_path / "e2e_control"
+    proc = launch(run_dir, "e2e_control", "total_steps=16", "warmup.steps=20", "trainer.groups_per_step=8",
+                  "trainer.checkpoint_every=4", "orchestrator.heartbeat_timeout_s=4",
+                  "orchestrator.heartbeat_interval_s=1")
+    services = run_dir / "services"
+    try:
+        wait_step(proc, run_dir, 4)
+        urls = {name: (services / f"{name}.url").read_text() for name in ("gateway", "orchestrator")}
+        killed = {"gateway": kill(services / "gateway.pid")}
+        wait_step(proc, run_dir, 9, timeout_s=120)
+        killed["orchestrator"] = kill(services / "orchestrator.pid")
+        assert proc.wait(300) == 0, (tmp_path / "e2e_control.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    for name, url in urls.items():
+        log = (services / f"{name}.log").read_text()
+        assert log.count(f"listening on {url}") >= 2, name  # restarted where its clients look
+        assert int((services / f"{name}.pid").read_text()) != killed[name]
+    records = records_after_run(run_dir, tmp_path)
+    assert sorted(int(r["step"]) for r in records) == list(range(1, 17))
+    groups = asyncio.run(_acked_groups(run_dir, tmp_path))
+    assert len(groups) == len(set(groups)) and len(groups) >= 16 * 8  # every trained group acknowledged once
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_service_that_cannot_come_back_stops_the_run_naming_it(tmp_path):
+    """The gateway is killed and its port taken: its supervisor's restarts fail (RESTART_ATTEMPTS, one per
+    5 s tick) and the launcher stops the run with exit 1, naming the gateway and why, not a stall."""
+    run_dir = tmp_path / "e2e_gone"
+    proc = launch(run_dir, "e2e_gone", "total_steps=200", "warmup.steps=20", "trainer.groups_per_step=8")
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the dead server's TIME_WAIT sockets
+    try:
+        wait_step(proc, run_dir, 2)
+        port = urlsplit((run_dir / "services" / "gateway.url").read_text().strip()).port
+        kill(run_dir / "services" / "gateway.pid")
+        deadline = time.monotonic() + 5
+        while True:  # the port frees when the process is gone; take it before the supervisor's next tick
+            try:
+                squatter.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        squatter.listen()
+        killed_at = time.monotonic()
+        assert proc.wait(120) == 1
+        stopped_s = time.monotonic() - killed_at
+    finally:
+        squatter.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    output = (tmp_path / "e2e_gone.log").read_text()
+    assert "asyncrl: gateway failed: could not be restarted (3 attempts): gateway exited with" in output, output[-3000:]
+    assert "address already in use" in output.lower()
+    assert stopped_s < 60, stopped_s  # 3 ticks of 5 s, the launcher's 5 s check and the shutdown
+    print(f"stopped {stopped_s:.1f} s after the kill")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_survives_its_embedded_redis_server_being_killed(tmp_path):
+    """The launcher restarts the dead redis-server on its address from its AOF (appendfsync always: every
+    acknowledged write survives); every component's client reconnects and the run trains every step."""
+    run_dir = tmp_path / "e2e_redis"
+    proc = launch(run_dir, "e2e_redis", "total_steps=16", "warmup.steps=20", "trainer.groups_per_step=8",
+                  "trainer.checkpoint_every=4", "redis.appendfsync=always")
+    try:
+        wait_step(proc, run_dir, 5)
+        url = (run_dir / "redis.url").read_text()
+        killed = redis.Redis.from_url(url).info("server")["process_id"]
+        os.kill(killed, signal.SIGKILL)
+        assert proc.wait(400) == 0, (tmp_path / "e2e_redis.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    assert "embedded redis-server died (exit code -9): restarting it from its AOF" in (run_dir / "launcher.log").read_text()
+    records = records_after_run(run_dir, tmp_path)
+    assert sorted(int(r["step"]) for r in records) == list(range(1, 17))
+    groups = asyncio.run(_acked_groups(run_dir, tmp_path))
+    assert len(groups) == len(set(groups)) and len(groups) >= 16 * 8  # every trained group acknowledged once
 
 
 @pytest.mark.slow
