@@ -748,6 +748,11 @@ class RunConfig:
     """How often a dead trainer process is restarted (it resumes from its last checkpoint)."""
     trainer_restart_timeout_s: float = 300.0
     """How long Ray may take to bring a dead trainer back before the run fails."""
+    stall_limit_s: float = 1800.0
+    """No training step for this long stops the run (exit 1), naming the component that holds it up
+    (launcher.stall_cause: the orchestrator, the trainer, or an env's services). Keep it above the longest
+    step you expect, e.g. above orchestrator.episode_timeout_s (600 s) when a step may wait on one slow
+    episode; 0 = never stop."""
     components: ComponentsConfig = field(default_factory=ComponentsConfig)
     """Which implementation the launcher starts for each component (ComponentsConfig)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -516,10 +516,18 @@ class Job:
                              time.monotonic() - self.training_started)
         times = [self.started_at] + [t for t, _ in steps]
         idle_s = time.time() - times[-1]
-        if idle_s > stall_after_s([b - a for a, b in zip(times, times[1:])]):
-            log.warning("%s; STALLED: no step for %.0f s: %s", line, idle_s, stall_reason(status))
-        else:
+        status_age_s = self.collector.status_age_s() if self.collector else 0.0
+        if status is not None and status_age_s > STATUS_STALE_S:
+            line += f" (rollout figures {format_duration(status_age_s)} old: the orchestrator does not answer)"
+        limit = self.cfg.stall_limit_s
+        if idle_s <= stall_after_s([b - a for a, b in zip(times, times[1:])]) and not (limit and idle_s > limit):
             log.info("%s", line)
+            return
+        component, why = stall_cause(status, status_age_s)
+        log.warning("%s; STALLED: no step for %.0f s: %s: %s", line, idle_s, component, why)
+        if limit and idle_s > limit:
+            raise ComponentFailed(component, f"no training step for {format_duration(idle_s)} (stall_limit_s "
+                                             f"{limit:g}): {why}")
 
     def summary(self, wall_s: float, experiment: Optional[str]) -> RunSummary:
         records = store_call(self.redis_url, self.cfg.name, lambda s: s.read_metrics(count=1_000_000))
@@ -597,6 +605,8 @@ PROGRESS_EVERY_S = 30.0
 SERVICE_CHECK_EVERY_S = 5.0
 STALL_AFTER_S = 120.0
 """No step for this long (or 5 median steps, whichever is longer) is reported as a stall, with its reason."""
+STATUS_STALE_S = 60.0
+"""An orchestrator /v1/status answer older than this: the progress line says its figures are stale."""
 
 
 def progress_line(total_steps: int, resumed_from: int, steps: list[dict[str, float]], status: Optional[dict],
@@ -628,18 +638,28 @@ def stall_after_s(step_intervals: list[float]) -> float:
     return max(STALL_AFTER_S, 5 * sorted(step_intervals)[len(step_intervals) // 2])
 
 
-def stall_reason(status: Optional[dict]) -> str:
-    """Why nothing trains, from the orchestrator's side (the trainer waits for complete groups)."""
-    if status is None:
-        return "the orchestrator does not answer /v1/status"
-    if status.get("pause_reasons"):
-        return (f"the orchestrator holds new groups ({', '.join(status['pause_reasons'])}) with "
-                f"{status['in_flight']} episodes in flight")
-    if status["in_flight"] == 0 and status["queued"] == 0:
-        healthy = {env: s.get("healthy_services", 0) for env, s in (status.get("by_env") or {}).items()}
-        return f"no episode in flight (healthy env services: {healthy or 'none registered'})"
-    return (f"{status['in_flight']} episodes in flight, {status['queued']} queued: the trainer waits for complete "
-            f"groups")
+def stall_cause(status: Optional[dict], status_age_s: float = 0.0) -> tuple[str, str]:
+    """(component, why) nothing trains, from the orchestrator's side (the trainer waits for complete groups).
+    `status_age_s`: how old the orchestrator's last /v1/status answer is."""
+    if status is None or status_age_s > STATUS_STALE_S:
+        since = f" for {format_duration(status_age_s)}" if status is not None else ""
+        return "orchestrator", f"its /v1/status does not answer{since}"
+    by_env = status.get("by_env") or {}
+    running = {env: s["in_flight"] for env, s in by_env.items() if s.get("in_flight")}
+    paused = f"the orchestrator holds new groups ({', '.join(status['pause_reasons'])})" \
+        if status.get("pause_reasons") else ""
+    if running:
+        envs = ", ".join(sorted(running))
+        return (f"env {envs}", f"{', '.join(f'{n} episodes in flight at {env}' for env, n in sorted(running.items()))}"
+                f"{', ' + paused if paused else ''}, none completing a group: its services or the engines "
+                f"do not finish them")
+    if paused:
+        return "trainer", f"{paused} with 0 episodes in flight: the trainer consumes no groups"
+    healthy = {env: s.get("healthy_services", 0) for env, s in by_env.items()}
+    if status["queued"]:
+        return "env services", (f"{status['queued']} episodes queued, none dispatched (healthy env services: "
+                                f"{healthy or 'none registered'})")
+    return "env services", f"no episode in flight (healthy env services: {healthy or 'none registered'})"
 
 
 async def _group_counts(store) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -190,6 +191,8 @@ class Collector:
         self.scraper = ServiceScraper(orchestrator_url, self.headers, gateway_headers or {})
         self.status: Optional[dict[str, Any]] = None
         """The orchestrator's last /v1/status (the launcher's progress line reads it)."""
+        self.status_at = time.monotonic()
+        """When `status` was read (time.monotonic)."""
         self._wake = threading.Condition()
         self._asked = self._done = 0
         """Rounds asked for by `collect_now` / the last of them the loop has finished."""
@@ -256,7 +259,13 @@ class Collector:
     async def _poll(self, http: httpx.AsyncClient) -> None:
         """The orchestrator's /v1/status, for the launcher's progress line and summary (its `orchestrator`
         records in the stream are its own: one shape per source)."""
-        self.status = await _get_json(http, f"{self.orchestrator_url}/v1/status", self.headers) or self.status
+        status = await _get_json(http, f"{self.orchestrator_url}/v1/status", self.headers)
+        if status is not None:
+            self.status, self.status_at = status, time.monotonic()
+
+    def status_age_s(self) -> float:
+        """Seconds since `status` was read (since the start while none was)."""
+        return time.monotonic() - self.status_at
 
     async def _tick(self, store: Store, http: httpx.AsyncClient) -> None:
         """Mirror the stream, then scrape the services; a Redis failure skips both (each mirror catches up

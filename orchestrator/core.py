@@ -73,7 +73,6 @@ class Orchestrator:
         """env_id -> episode_id -> the attempt running at that service."""
         self.settling = 0
         """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
-        self.in_flight_by_env: dict[str, int] = {}
         """Attempts running per env, at its removed services that still drain included (their services
         left the env's queue, so a sum over the queue said 0 while the total said 9)."""
         self._wake = asyncio.Event()
@@ -85,7 +84,8 @@ class Orchestrator:
         signals: list[Signal] = []
         if self.cfg.max_unconsumed_groups > 0:
             signals.append(UnconsumedGroups(self.cfg.max_unconsumed_groups, lambda: self.ledger.groups_recorded,
-                                            lambda: self.ledger.unwritten_completions, lambda: len(self.groups)))
+                                            lambda: self.ledger.unwritten_completions, lambda: self.open_by_env,
+                                            self.scheduler.shares))
         if self.cfg.staleness_limit is not None:
             signals.append(Staleness(self.cfg.staleness_limit, self.cfg.groups_per_step, self._budgeted_groups))
         return signals
@@ -113,8 +113,16 @@ class Orchestrator:
 
     @property
     def pause_reasons(self) -> list[str]:
+        """What holds new groups of every env (an env held alone shows in its own status: EnvStatus.held)."""
         return ((["operator"] if self.operator_paused else []) + (["waiting_for_envs"] if self._awaiting() else [])
-                + self.backpressure.reasons())
+                + self.backpressure.reasons(list(self.scheduler.queues) or [None]))
+
+    @property
+    def open_by_env(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for group in self.groups.values():
+            counts[group.env] = counts.get(group.env, 0) + 1
+        return counts
 
     def _awaiting(self) -> list[str]:
         """The run's envs whose tasks are not listed yet, while new groups wait for them (wait_for_envs)."""
@@ -148,7 +156,7 @@ class Orchestrator:
         overhead is measured from max(when it became ready, trigger) to its POST on the wire."""
         now = time.monotonic()
         while not self.operator_paused:
-            decision = self.scheduler.next(now, new_groups=self._new_groups_allowed())
+            decision = self.scheduler.next(now, new_groups=self._new_groups_allowed)
             if decision is None:
                 break
             if decision.member is None:
@@ -163,10 +171,10 @@ class Orchestrator:
             wake_in = wait_end if wake_in is None else min(wake_in, wait_end)
         return wake_in
 
-    def _new_groups_allowed(self) -> bool:
+    def _new_groups_allowed(self, env: str) -> bool:
         limit = self.cfg.max_groups
         return ((limit is None or self.counters.ordinal < limit) and not self._awaiting()
-                and not self.backpressure.reasons())
+                and not self.backpressure.reasons([env]))
 
     def _start_group(self, q: EnvQueue, now: float, trigger: float) -> None:
         cursor = self.counters.cursors.get(q.name, 0)
@@ -188,8 +196,7 @@ class Orchestrator:
             service.env_id, None
         episode_id = group.episode_id(member)
         service.in_flight += 1
-        self.scheduler.in_flight += 1
-        self.in_flight_by_env[q.name] = self.in_flight_by_env.get(q.name, 0) + 1
+        q.in_flight += 1
         self.scheduler.charge(q, 1, now)
         self.metrics.in_flight.labels(q.name).inc()
         task = asyncio.create_task(self._attempt(group, member, service, episode_id), name=episode_id)
@@ -201,8 +208,7 @@ class Orchestrator:
         if self._running.get(service.env_id, {}).pop(episode_id, None) is None:
             return False
         service.in_flight -= 1
-        self.scheduler.in_flight -= 1
-        self.in_flight_by_env[service.name] -= 1
+        self.scheduler.queue(service.name).in_flight -= 1
         self.metrics.in_flight.labels(service.name).dec()
         self.wake()
         return True
@@ -429,13 +435,15 @@ class Orchestrator:
         if overhead_since is None:
             overhead_since = time.time() - self.cfg.rate_window_s
         by_env = {}
+        open_groups = self.open_by_env
         for name, q in self.scheduler.queues.items():
             c = self.counters.by_env[name]
-            by_env[name] = EnvStatus(in_flight=self.in_flight_by_env.get(name, 0), queued=len(q.pending),
+            by_env[name] = EnvStatus(in_flight=q.in_flight, queued=len(q.pending),
                                      completed=c["completed"], failed=c["failed"], groups_completed=c["groups"],
                                      groups_filtered=c["filtered"], groups_passed=c["passed"],
                                      groups_unusable=c["unusable"],
                                      healthy_services=q.healthy_services(), weight=q.weight,
+                                     groups_open=open_groups.get(name, 0), held=self.backpressure.reasons([name]),
                                      outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
             in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued,

@@ -7,7 +7,10 @@ Pure bookkeeping, no I/O; the orchestrator asks `next(now)` after every event th
   their weights (swe:terminal:search = 2:1:1). An env that comes back from a stall may catch up by
   at most one group, not by everything it missed.
 - Eligible: has a healthy service with a free slot (a new group needs group_size free slots in the
-  env), room under max_in_flight, and tokens in its rate bucket.
+  env), room under max_in_flight, and tokens in its rate bucket. Room counts the env's own episodes and
+  the others' only up to their share of max_in_flight (their weight's share), so an env whose episodes
+  hang cannot take the others' room: max_in_flight holds exactly while every env stays within its
+  share, and the run can exceed it by what one env holds beyond its share.
 - Work of an env: its pending members first (retries, episodes restored after a restart), then a
   new group (only while new groups are allowed: backpressure stops them, not accepted work).
 
@@ -16,9 +19,10 @@ Cost per decision: O(envs + services of the chosen env); envs are few.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.groups import Group, Member, TaskOrder
 from orchestrator.registry import Service
@@ -59,6 +63,8 @@ class EnvQueue:
     """None until the env's task list was fetched; no new groups before."""
     bucket: Optional[TokenBucket] = None
     pass_: float = 0.0
+    in_flight: int = 0
+    """Episodes of this env dispatched and not settled."""
 
     def free_slots(self, now: float) -> int:
         return sum(s.free for s in self.services.values() if s.available(now))
@@ -94,7 +100,6 @@ class Scheduler:
         self.domain_weights = dict(domain_weights)
         self.rate_limits = dict(rate_limits)
         self.queues: dict[str, EnvQueue] = {}
-        self.in_flight = 0
         self._vtime = 0.0
 
     # Membership ----------------------------------------------------------------------------------
@@ -135,9 +140,19 @@ class Scheduler:
             else:
                 q.weight = registered[q.name]
 
+    @property
+    def in_flight(self) -> int:
+        return sum(q.in_flight for q in self.queues.values())
+
     # Decisions -----------------------------------------------------------------------------------
-    def next(self, now: float, new_groups: bool) -> Optional[Decision]:
-        """The next dispatch, or None when nothing is eligible now (see `wake_in`)."""
+    def shares(self) -> dict[str, float]:
+        """Each env's share of dispatch (its effective weight over all of them)."""
+        total = sum(q.weight for q in self.queues.values()) or 1.0
+        return {name: q.weight / total for name, q in self.queues.items()}
+
+    def next(self, now: float, new_groups: Callable[[str], bool]) -> Optional[Decision]:
+        """The next dispatch, or None when nothing is eligible now (see `wake_in`); `new_groups(env)`: whether
+        that env may start a new group (backpressure)."""
         best: Optional[Decision] = None
         for q in self.queues.values():
             decision = self._eligible(q, now, new_groups)
@@ -150,22 +165,29 @@ class Scheduler:
             self._vtime = max(self._vtime, best.queue.pass_)
         return best
 
-    def _eligible(self, q: EnvQueue, now: float, new_groups: bool) -> Optional[Decision]:
-        room = self.max_in_flight - self.in_flight
+    def _room(self, q: EnvQueue) -> int:
+        """max_in_flight less q's episodes and the other envs' up to their share of it."""
+        shares = self.shares()
+        others = sum(min(o.in_flight, math.ceil(self.max_in_flight * shares[o.name]))
+                     for o in self.queues.values() if o is not q)
+        return self.max_in_flight - q.in_flight - others
+
+    def _eligible(self, q: EnvQueue, now: float, new_groups: Callable[[str], bool]) -> Optional[Decision]:
+        room = self._room(q)
         if q.pending:
             _, member = q.pending[0]
             ok = room >= 1 and q.pick_service(now, avoid=member.service) is not None and \
                 (q.bucket is None or q.bucket.wait_s(1, now) == 0)
             return Decision(q, q.pending[0]) if ok else None
         n = self.group_size
-        if not new_groups or q.tasks is None or room < n:
+        if q.tasks is None or room < n:
             return None
         capacity = self._capacity(q)  # an env smaller than a group starts one when it is empty
         if capacity == 0 or q.free_slots(now) < min(n, capacity):
             return None
         if q.bucket is not None and q.bucket.wait_s(n, now) > 0:
             return None
-        return Decision(q, None)
+        return Decision(q, None) if new_groups(q.name) else None
 
     @staticmethod
     def _capacity(q: EnvQueue) -> int:

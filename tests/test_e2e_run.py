@@ -197,6 +197,44 @@ def test_a_service_that_cannot_come_back_stops_the_run_naming_it(tmp_path):
     print(f"stopped {stopped_s:.1f} s after the kill")
 
 
+HANGING_ENV = """
+import asyncio
+
+from envs.sdk import Environment, EpisodeResult
+
+
+class HangingEnv(Environment):
+    name = "hanging"
+
+    async def list_tasks(self, split="train"):
+        return ["t0", "t1"]
+
+    async def run_episode(self, task_id, llm, sandbox, ctx):
+        await asyncio.sleep(3600)
+        return EpisodeResult(reward=0.0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_stall_longer_than_the_limit_stops_the_run_naming_the_env(tmp_path):
+    """Every episode of the run's only env hangs: no step ever comes, and past stall_limit_s the launcher
+    stops the run (exit 1) naming that env, instead of waiting for the episodes' 600 s deadline and more."""
+    (tmp_path / "hanging_env.py").write_text(HANGING_ENV)
+    run_dir = tmp_path / "e2e_stall"
+    proc = launch(run_dir, "e2e_stall", "total_steps=4", "warmup.steps=0", "stall_limit_s=20",
+                  f"envs.services.arithmetic.target={tmp_path}/hanging_env.py:HangingEnv")
+    try:
+        assert proc.wait(300) == 1
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    output = (tmp_path / "e2e_stall.log").read_text()
+    assert "asyncrl: env arithmetic failed: no training step for" in output, output[-3000:]
+    assert "episodes in flight at arithmetic" in output and "(stall_limit_s 20)" in output
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_run_survives_its_embedded_redis_server_being_killed(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncrl.launcher import _prepare_run_dir, progress_line, stall_reason
+from asyncrl.launcher import _prepare_run_dir, progress_line, stall_cause
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.config import RunConfig
 from asyncrl.store import TRAINER_GROUP, Store
@@ -136,7 +136,14 @@ def test_the_progress_line_shows_eta_rollout_state_and_a_stall_reason():
     line = progress_line(100, 10, steps, STATUS, training_s=30.0)
     assert line.startswith("step 13/100 (13%), 30s, ETA 14m30s")
     assert "0 episodes in flight" in line and "paused: unconsumed_groups" in line
-    assert stall_reason(STATUS) == "the orchestrator holds new groups (unconsumed_groups) with 0 episodes in flight"
+    assert stall_cause(STATUS) == ("trainer", "the orchestrator holds new groups (unconsumed_groups) with 0 episodes "
+                                              "in flight: the trainer consumes no groups")
     idle = {**STATUS, "pause_reasons": []}
-    assert "no episode in flight (healthy env services: {'arithmetic': 1})" == stall_reason(idle)
-    assert stall_reason(None) == "the orchestrator does not answer /v1/status"
+    assert stall_cause(idle) == ("env services", "no episode in flight (healthy env services: {'arithmetic': 1})")
+    assert stall_cause(None) == ("orchestrator", "its /v1/status does not answer")
+    assert stall_cause(STATUS, status_age_s=95) == ("orchestrator", "its /v1/status does not answer for 1m35s")
+    hung = {**STATUS, "in_flight": 45, "by_env": {"arithmetic": {"healthy_services": 1, "in_flight": 0},
+                                                  "hang": {"healthy_services": 1, "in_flight": 45}}}
+    assert stall_cause(hung) == ("env hang", "45 episodes in flight at hang, the orchestrator holds new groups "
+                                             "(unconsumed_groups), none completing a group: its services or the "
+                                             "engines do not finish them")

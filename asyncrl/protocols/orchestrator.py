@@ -98,6 +98,10 @@ class EnvStatus(BaseModel):
     healthy_services: int
     weight: float
     """Effective dispatch weight (config by name, else by domain, else the registered weight)."""
+    groups_open: int = 0
+    held: list[str] = Field(default_factory=list)
+    """Backpressure signals holding this env's new groups (the run's `pause_reasons` are those holding every
+    env): an env whose episodes hang is held by its own open groups, alone."""
     outcomes: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Attempts that ended, by outcome class then reason (model: trained, once per member; environment,
     infrastructure: one per failed attempt, retried or given up), e.g. {"infrastructure": {"deadline_exceeded": 2}}."""

@@ -10,6 +10,10 @@ from orchestrator.registry import Service
 from orchestrator.scheduler import Scheduler, TokenBucket
 
 
+ANY_ENV = lambda env: True  # noqa: E731 - backpressure lets every env start groups
+NO_ENV = lambda env: False  # noqa: E731
+
+
 def service(name: str, capacity: int = 10**6, domain: str = "", weight: float = 1.0, n: int = 0) -> Service:
     return Service(env_id=f"{name}-{n}", name=name, domain=domain, url=f"http://{name}-{n}", capacity=capacity,
                    weight=weight, heartbeat="push")
@@ -27,12 +31,12 @@ def dispatch_groups(s: Scheduler, n: int, now: float = 0.0) -> Counter:
     """Start n groups (every member on the scheduler's chosen service, never finished)."""
     started = Counter()
     for _ in range(n):
-        decision = s.next(now, new_groups=True)
+        decision = s.next(now, new_groups=ANY_ENV)
         assert decision is not None and decision.member is None
         for _ in range(s.group_size):
             svc = decision.queue.pick_service(now)
             svc.in_flight += 1
-            s.in_flight += 1
+            decision.queue.in_flight += 1
             s.charge(decision.queue, 1, now)
         started[decision.queue.name] += 1
     return started
@@ -58,35 +62,48 @@ def test_a_domain_weight_is_shared_by_its_envs_and_names_win_over_domains():
 def test_capacity_is_never_exceeded_and_a_group_waits_for_room():
     s = make(group_size=4, services=[service("a", capacity=6, n=0), service("a", capacity=5, n=1)])
     dispatch_groups(s, 2)  # 8 of 11 slots
-    assert s.next(0.0, new_groups=True) is None  # 3 free slots < group_size
+    assert s.next(0.0, new_groups=ANY_ENV) is None  # 3 free slots < group_size
     assert all(svc.in_flight <= svc.capacity for svc in s.queue("a").services.values())
     s.queue("a").services["a-0"].in_flight -= 1
-    assert s.next(0.0, new_groups=True) is not None
+    assert s.next(0.0, new_groups=ANY_ENV) is not None
 
 
 def test_an_env_smaller_than_a_group_still_starts_groups_when_empty():
     s = make(group_size=8, services=[service("small", capacity=3)])
-    decision = s.next(0.0, new_groups=True)
+    decision = s.next(0.0, new_groups=ANY_ENV)
     assert decision is not None and decision.queue.free_slots(0.0) == 3
 
 
 def test_max_in_flight_bounds_all_envs_and_pending_members_go_first():
     s = make(group_size=4, max_in_flight=8, services=[service("a"), service("b")])
     dispatch_groups(s, 2)
-    assert s.next(0.0, new_groups=True) is None
+    assert s.next(0.0, new_groups=ANY_ENV) is None
     group = Group.new("b", "t0", 99, 4, seed=0)
     s.queue("b").pending.append((group, group.members[0]))
-    s.in_flight -= 1
-    decision = s.next(0.0, new_groups=True)
+    s.queue("a").in_flight -= 1
+    decision = s.next(0.0, new_groups=ANY_ENV)
     assert decision.queue.name == "b" and decision.member == (group, group.members[0])
-    assert s.next(0.0, new_groups=False) is not None  # backpressure holds groups, not accepted members
+    assert s.next(0.0, new_groups=NO_ENV) is not None  # backpressure holds groups, not accepted members
+
+
+def test_an_env_beyond_its_share_of_max_in_flight_leaves_the_others_their_share():
+    """Episodes that hang at one env (never settled) do not take the room of the others."""
+    s = make(group_size=4, max_in_flight=16, services=[service("hang"), service("ok")])
+    s.queue("hang").in_flight = 14  # e.g. after "ok" had no tasks yet: beyond its share of 8
+    assert s.next(0.0, new_groups=lambda env: env == "hang") is None  # 2 left: no room for a group
+    decision = s.next(0.0, new_groups=ANY_ENV)
+    assert decision.queue.name == "ok"  # 16 - 0 - min(14, 8)
+    s.queue("ok").in_flight = 4
+    assert s.next(0.0, new_groups=ANY_ENV).queue.name == "ok"  # 16 - 4 - 8
+    s.queue("ok").in_flight = 5
+    assert s.next(0.0, new_groups=ANY_ENV) is None  # 3 left for ok, none for hang
 
 
 def test_unhealthy_removed_and_backing_off_services_get_nothing():
     a0, a1, a2 = service("a", n=0), service("a", n=1), service("a", n=2)
     s = make(services=[a0, a1, a2])
     a0.healthy, a1.removed, a2.backoff_until = False, True, 5.0
-    assert s.next(0.0, new_groups=True) is None
+    assert s.next(0.0, new_groups=ANY_ENV) is None
     assert s.wake_in(0.0) == pytest.approx(5.0)
     assert s.queue("a").pick_service(6.0) is a2
 
@@ -96,7 +113,7 @@ def test_rate_limit_spaces_groups():
     times = []
     now = 0.0
     while len(times) < 10:
-        decision = s.next(now, new_groups=True)
+        decision = s.next(now, new_groups=ANY_ENV)
         if decision is None:
             now += s.wake_in(now)
             continue
