@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
                             TrainerConfig, section_data, write_section)
+from asyncrl.network import is_loopback
 from asyncrl.node_files import pack_dir
 from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
@@ -187,13 +188,21 @@ def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> Embedded
     return server
 
 
+LOOPBACK_ONLY_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to 0 before Ray is imported, Ray takes 127.0.0.1 as the node's address, and each of its servers binds
+loopback when the node's address is loopback (GCS, raylet, object manager, workers, the agents and their
+Prometheus endpoints); otherwise they bind 0.0.0.0 (Ray 2.60: docs/run.md "What listens where")."""
+
+
 def _start_ray(cfg: RunConfig, stack: ExitStack) -> None:
     """Join the cluster of `ray job submit` / cfg.ray.address, else start a local one."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if not address and not os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") and is_loopback(cfg.cluster.host):
+        os.environ.setdefault(LOOPBACK_ONLY_RAY, "0")  # a cluster of this machine alone: Ray on loopback
     import ray
 
     if ray.is_initialized():
         return
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         ray.init(address=address, namespace=cfg.name, log_to_driver=False)  # the job's working_dir carries the code
     else:

@@ -43,6 +43,11 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
+def is_loopback(host: Optional[str]) -> bool:
+    """None (every service on its own default, which is loopback) or a loopback address or name."""
+    return host is None or host in ("localhost", "::1") or host.startswith("127.")
+
+
 def advertised_host(bind_host: str) -> str:
     """Where others reach a server bound to `bind_host`: the node's address for a wildcard, else itself."""
     return node_ip() if bind_host in WILDCARDS else bind_host

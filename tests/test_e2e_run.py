@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import msgpack
+import psutil
 import pytest
 import redis
 
@@ -57,6 +58,22 @@ def wait_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: float
         assert proc.poll() is None, f"the run exited early with {proc.returncode}"
         assert time.monotonic() < deadline, f"step {step} not reached"
         time.sleep(1)
+
+
+LOOPBACK = ("127.", "::ffff:127.", "::1")
+
+
+def listeners(pid: int) -> list[tuple[str, str]]:
+    """(process name, bound address) of every listening TCP socket of `pid` and its descendants."""
+    found = []
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            found += [(process.name(), c.laddr.ip) for c in process.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:  # exited meanwhile
+            pass
+    return found
 
 
 def kill(pid_file: Path) -> int:
@@ -141,6 +158,8 @@ def test_run_survives_gateway_and_orchestrator_kills(tmp_path):
     services = run_dir / "services"
     try:
         wait_step(proc, run_dir, 4)
+        exposed = [(name, address) for name, address in listeners(proc.pid) if not address.startswith(LOOPBACK)]
+        assert not exposed, exposed  # Ray's servers and ours (README "What listens where")
         urls = {name: (services / f"{name}.url").read_text() for name in ("gateway", "orchestrator")}
         killed = {"gateway": kill(services / "gateway.pid")}
         wait_step(proc, run_dir, 9, timeout_s=120)
