@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from redis.exceptions import RedisError
 
+from asyncrl import leftovers
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
                             TrainerConfig, section_data, write_section)
@@ -102,6 +103,12 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
     started = time.monotonic()
     run_dir = resolve_run_dir(cfg.run_dir)
     _configure_logging(run_dir)
+    try:
+        leftovers.stop_leftovers(run_dir)  # of a killed launcher, before anything of this run starts
+    except RuntimeError as err:
+        log.error("asyncrl: %s", err)
+        print(f"asyncrl: {err}", flush=True)
+        return 1
     _prepare_run_dir(cfg, run_dir)
     signals = StopSignals()
     signals.install()
@@ -116,6 +123,7 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
             (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
             job = Job(cfg, run_dir, redis_url, embedded)
             job.start()
+            leftovers.record(run_dir)  # what a killed launcher would leave for the next launch to stop
             job.wait()
             interrupted = False
             summary = job.summary(time.monotonic() - started, experiment)

@@ -5,6 +5,7 @@ in both modes."""
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -214,6 +215,38 @@ def test_a_service_that_cannot_come_back_stops_the_run_naming_it(tmp_path):
     assert "address already in use" in output.lower()
     assert stopped_s < 60, stopped_s  # 3 ticks of 5 s, the launcher's 5 s check and the shutdown
     print(f"stopped {stopped_s:.1f} s after the kill")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_relaunch_stops_what_a_killed_launcher_left_running(tmp_path):
+    """SIGKILL the launcher itself: Ray's agents outlive it (the rest dies with it); the same command again
+    stops them, says which, and resumes the run to the end."""
+    run_dir = tmp_path / "e2e_launcher"
+    args = ("total_steps=6", "warmup.steps=20", "trainer.groups_per_step=8", "trainer.checkpoint_every=2")
+    first = launch(run_dir, "e2e_launcher", *args)
+    try:
+        wait_step(first, run_dir, 3)
+        recorded = json.loads((run_dir / "processes.json").read_text())["children"]
+        first.kill()
+        first.wait(30)
+        time.sleep(2)
+        left = [e for e in recorded if psutil.pid_exists(e["pid"])
+                and psutil.Process(e["pid"]).status() != psutil.STATUS_ZOMBIE]
+        assert {e["name"] for e in left} >= {"ray::DashboardAgent"}, left  # what this test is about
+        (tmp_path / "e2e_launcher.log").rename(tmp_path / "e2e_launcher.first.log")
+        second = launch(run_dir, "e2e_launcher", *args)
+        assert second.wait(400) == 0, (tmp_path / "e2e_launcher.log").read_text()[-4000:]
+    finally:
+        for proc in [p for p in (first, locals().get("second")) if p is not None and p.poll() is None]:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    output = (tmp_path / "e2e_launcher.log").read_text()
+    said = re.search(rf"the previous launch in {run_dir} left \d+ processes running: (.*); stopping them", output)
+    assert said and "ray::DashboardAgent (pid" in said.group(1), output[-3000:]
+    assert not [e for e in left if psutil.pid_exists(e["pid"])
+                and abs(psutil.Process(e["pid"]).create_time() - e["started"]) < 0.01]
+    assert sorted({int(r["step"]) for r in records_after_run(run_dir, tmp_path)}) == list(range(1, 7))
 
 
 HANGING_ENV = """
