@@ -162,7 +162,13 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     """Interface the gateway binds (0.0.0.0: every interface)."""
     port: int = 0
-    """0 picks a free port (the bound URL is published through Ray/Redis)."""
+    """0 picks a free port (the bound URL is published through Ray/Redis). With replicas > 1, replica i
+    binds port + i (0: each a free one)."""
+    replicas: int = 1
+    """Gateways the launcher starts (`gateway`, `gateway-1`, ...), each a Ray actor placed by
+    cluster.placement.gateway (a custom resource one unit of which each gateway node offers puts one on each);
+    the orchestrator places sessions among them. One gateway process took 3.2 ms of CPU a request in the
+    control-plane bench: docs/cluster_sizing.md says how many a load needs."""
     auth_token: Optional[str] = None
     """When set, every route requires `Authorization: Bearer <token>`."""
     max_request_bytes: int = 8 * 1024 * 1024
@@ -217,6 +223,8 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         _check_gc_sweep_s(self.gc_sweep_s)
+        if self.replicas < 1:
+            raise ValueError(f"gateway.replicas must be >= 1, got {self.replicas}")
         if self.balance_abs_threshold < 0:
             raise ValueError(f"balance_abs_threshold must be >= 0 (0: the load_factor bound alone), got "
                              f"{self.balance_abs_threshold}")
@@ -266,7 +274,8 @@ class OrchestratorConfig:
     evaluation, benchmarks; refused in a training run), or the import path of a SessionProvider. Run alone,
     the orchestrator picks the built-in by the URL it is given (--gateway or --llm-url)."""
     gateway_url: Optional[str] = None
-    """TITO gateway base URL for `sessions: gateway`; the launcher fills it in."""
+    """TITO gateway base URL for `sessions: gateway`, or several gateways' URLs comma-separated (sessions go
+    to the one with the fewest open sessions; orchestrator/sessions.py); the launcher fills it in."""
     gateway_token: Optional[str] = None
     """Bearer token sent to the gateway (its auth_token); None: none sent."""
     env_token: Optional[str] = field(default=None, repr=False)

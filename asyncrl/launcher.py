@@ -273,7 +273,8 @@ class Job:
                 self._guard(f"env service {env.name}", lambda: self._start_env(env, replica, orchestrator))
         self._start_training()
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
-            "gateway": gateway, "orchestrator": orchestrator, "total_steps": str(cfg.total_steps),
+            "gateway": gateway.split(",")[0], "gateways": gateway, "orchestrator": orchestrator,
+            "total_steps": str(cfg.total_steps),
             "mode": cfg.mode, "started_at": str(self.started_at)}))
         mirrors = [TensorBoardMirror(self.run_dir / "tensorboard")] + ([self.wandb] if self.wandb else [])
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, mirrors,
@@ -389,11 +390,14 @@ class Job:
         return ray.get(handle.url.remote(), timeout=300)
 
     def _start_gateway(self) -> str:
+        """The gateway, or gateway.replicas of them (`gateway`, `gateway-1`, ...) -> their URLs, comma-separated
+        (the orchestrator's gateway_url: it places sessions among them)."""
+        g = self.cfg.gateway
         args = write_config(self.run_dir, "gateway", gateway_section(self.cfg, self.redis_url, self.engines.urls()))
-        env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", self.cfg.gateway.auth_token),
-               **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
-        return self._service("gateway", self.cfg.components.gateway, args, self.cfg.cluster.placement.gateway, env,
-                             self.cfg.gateway.port)
+        env = {**_token_env("ASYNCRL_GATEWAY_TOKEN", g.auth_token), **_token_env(ENGINE_API_KEY_ENV, self.cfg.rollout.api_key)}
+        return ",".join(self._service("gateway" if i == 0 else f"gateway-{i}", self.cfg.components.gateway, args,
+                                      self.cfg.cluster.placement.gateway, env, g.port + i if g.port else 0)
+                        for i in range(g.replicas))
 
     def _start_orchestrator(self, gateway: str) -> str:
         cfg = self.cfg

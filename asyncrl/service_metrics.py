@@ -101,7 +101,7 @@ def _clean(value: str) -> str:
 
 class ServiceScraper:
     """Finds the run's /metrics endpoints at every scrape (services restart on new ports): the `services`
-    hash (gateway, trainer_metrics), the `engines` hash, the orchestrator itself and its healthy env
+    hash (gateways, trainer_metrics), the `engines` hash, the orchestrator itself and its healthy env
     services (GET /v1/envs; a resumed run's registry still lists the previous run's). A failing endpoint
     is logged once (again once it recovered and failed anew) and skipped; a scrape never fails the run."""
 
@@ -114,9 +114,9 @@ class ServiceScraper:
     async def targets(self, http: httpx.AsyncClient, store: Store) -> list[Target]:
         services = {k.decode(): v.decode() for k, v in (await store.redis.hgetall(store.key("services"))).items()}
         out = [Target("orchestrator", self.orchestrator_url, "system/orchestrator", "orchestrator")]
-        if services.get("gateway"):
-            out.append(Target("gateway", services["gateway"], "system/gateway", "gateway",
-                              tuple(self.gateway_headers.items())))
+        for i, url in enumerate(filter(None, services.get("gateways", services.get("gateway", "")).split(","))):
+            name = "gateway" if i == 0 else f"gateway-{i}"
+            out.append(Target(name, url, f"system/{name}", "gateway", tuple(self.gateway_headers.items())))
         if services.get("trainer_metrics"):
             out.append(Target("trainer", services["trainer_metrics"], "system/trainer", "trainer"))
         for engine_id, url in sorted((await store.engines()).items()):

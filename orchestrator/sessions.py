@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -34,6 +35,8 @@ from orchestrator.http import HTTPFailure, request_json
 log = logging.getLogger("orchestrator.sessions")
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+GATEWAY_DOWN_S = 2.0
+"""With several gateways, one that did not take a new session is asked last for this long."""
 
 
 @dataclass
@@ -76,41 +79,79 @@ class EndpointSessions(SessionProvider):
 
 
 class GatewaySessions(SessionProvider):
+    """Sessions on one gateway or several (`gateway_url`: their URLs, comma-separated). A new session goes to
+    the gateway with the fewest sessions this orchestrator opened there and has not finished; one that does
+    not answer is passed over for the next. A session is finished where it was opened; a session of a
+    previous orchestrator process (recovery) at the gateway that knows it (each is asked: a gateway answers
+    404 for a session it does not hold)."""
+
     def __init__(self, cfg: OrchestratorConfig, http: aiohttp.ClientSession) -> None:
         super().__init__(cfg)
-        if not cfg.gateway_url:
+        self.urls = gateway_urls(cfg.gateway_url)
+        if not self.urls:
             raise ValueError("sessions=gateway needs gateway_url")
-        self.url = cfg.gateway_url.rstrip("/")
         self.http = http
         self.headers = bearer_headers(cfg.gateway_token)
         self.config_sampling = cfg.sampling
+        self.open_sessions = dict.fromkeys(self.urls, 0)
+        """Sessions opened at each gateway and not finished yet (placement)."""
+        self.down_until = dict.fromkeys(self.urls, 0.0)
+        """A gateway that did not take a session is asked last until then (monotonic time)."""
+        self._gateway_of: dict[str, str] = {}
 
     async def open(self, group, member, episode_id):
         body = CreateSessionRequest(
             group_id=group.group_id, task_id=group.task_id, env=group.env,
             metadata={"episode_id": episode_id, "member": member.index, "attempt": member.attempt, "seed": member.seed},
-            sampling=session_sampling(self.config_sampling, member.seed))
-        reply = await self._call("POST", "/sessions", body.model_dump(), expect=(201,))
+            sampling=session_sampling(self.config_sampling, member.seed)).model_dump()
+        url, reply = await self._create(body)
+        self.open_sessions[url] += 1
+        self._gateway_of[reply["session_id"]] = url
         return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model,
                                                 api_key=reply.get("api_key"), sampling=self.sampling)
 
-    async def finish(self, session_id, status, reward=0.0, info=None) -> Finished:
-        body = FinishSessionRequest(reward=reward, status=status, info=info or {})
-        try:
-            reply = await self._call("POST", f"/sessions/{session_id}/finish", body.model_dump(), expect=(200,))
-        except UnknownSession:
-            log.warning("gateway does not know session %s... (expired or gateway restarted): nothing recorded",
-                        session_id[:8])
-            return Finished("aborted")
-        return Finished(reply["status"], list(reply["sample_refs"]))
+    async def _create(self, body: dict) -> tuple[str, dict]:
+        """(gateway, reply): the least loaded gateway that answers; while none does, wait and ask again."""
+        attempt = 0
+        while True:
+            now = time.monotonic()
+            for url in sorted(self.urls, key=lambda u: (self.down_until[u] > now, self.open_sessions[u])):
+                try:
+                    return url, await self._call("POST", url, "/sessions", body, expect=(201,),
+                                                 retry=len(self.urls) == 1)
+                except GatewayUnavailable as err:
+                    if self.down_until[url] <= now:
+                        log.warning("gateway %s: POST /sessions failed (%s); new sessions go to the others first "
+                                    "for %g s", url, err, GATEWAY_DOWN_S)
+                    self.down_until[url] = time.monotonic() + GATEWAY_DOWN_S
+            delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+            log.warning("no gateway took a new session; retrying in %.1fs", delay)
+            await asyncio.sleep(delay)
+            attempt += 1
 
-    async def _call(self, method: str, path: str, body: dict, expect: tuple[int, ...]) -> dict:
+    async def finish(self, session_id, status, reward=0.0, info=None) -> Finished:
+        body = FinishSessionRequest(reward=reward, status=status, info=info or {}).model_dump()
+        url = self._gateway_of.pop(session_id, None)
+        if url is not None:
+            self.open_sessions[url] -= 1
+        for gateway in [url] if url is not None else self.urls:
+            try:
+                reply = await self._call("POST", gateway, f"/sessions/{session_id}/finish", body, expect=(200,))
+                return Finished(reply["status"], list(reply["sample_refs"]))
+            except UnknownSession:
+                continue
+        log.warning("gateway does not know session %s... (expired or gateway restarted): nothing recorded",
+                    session_id[:8])
+        return Finished("aborted")
+
+    async def _call(self, method: str, url: str, path: str, body: dict, expect: tuple[int, ...],
+                    retry: bool = True) -> dict:
         """Retry transport errors and 5xx (gateway restarting, Redis hiccup) with backoff; while the
-        gateway is down, episodes wait here rather than fail."""
+        gateway is down, episodes wait here rather than fail. retry=False: raise GatewayUnavailable."""
         attempt = 0
         while True:
             try:
-                status, reply = await request_json(self.http, method, self.url + path, body, 60.0, self.headers)
+                status, reply = await request_json(self.http, method, url + path, body, 60.0, self.headers)
                 if status in expect:
                     return reply
                 if status == 404:
@@ -120,10 +161,21 @@ class GatewaySessions(SessionProvider):
                     raise GatewayError(f"gateway refused {method} {path}: {problem}")
             except HTTPFailure as err:
                 problem = str(err)
+            if not retry:
+                raise GatewayUnavailable(problem)
             delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
-            log.warning("gateway %s %s failed (%s); retrying in %.1fs", method, path, problem, delay)
+            log.warning("gateway %s %s failed (%s); retrying in %.1fs", method, url + path, problem, delay)
             await asyncio.sleep(delay)
             attempt += 1
+
+
+def gateway_urls(value: Optional[str]) -> list[str]:
+    """`gateway_url`'s URLs (comma-separated for several gateways), without trailing slashes."""
+    return [u.strip().rstrip("/") for u in (value or "").split(",") if u.strip()]
+
+
+class GatewayUnavailable(ConnectionError):
+    """A gateway did not answer or answered 5xx / 429 (it may be restarting)."""
 
 
 class UnknownSession(LookupError):

@@ -32,6 +32,7 @@ FIXED: dict[str, Any] = {
     "gateway.host": "localhost",  # an address of this machine, other than the default 127.0.0.1
     "orchestrator.host": "localhost",
     "gateway.port": free_port(),  # a port that is free (default 0: any free port)
+    "gateway.replicas": 2,  # two gateways (the second on gateway.port + 1), each given its section
     "orchestrator.port": free_port(),
     "gateway.tokenizer": "builtin:tiny",  # a tokenizer the gateway can load (default None: the model's)
     "env.target": "tests.orchestrator.timed_env.TimedEnv",  # an env class that exists (no default)
@@ -168,10 +169,14 @@ def test_every_field_of_every_service_section_arrives(tmp_path, redis_server):
         urls["orchestrator"] = job._start_orchestrator(urls["gateway"])
         urls["env"] = job._start_env(env, 0, urls["orchestrator"])
         missing = []
-        for name, section, token in [("gateway", cfg.gateway, cfg.gateway.auth_token),
-                                     ("orchestrator", cfg.orchestrator, cfg.orchestrator.auth_token),
-                                     ("env", env, cfg.envs.auth_token)]:
-            reply = httpx.get(f"{urls[name]}/server_info", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert len(urls["gateway"].split(",")) == cfg.gateway.replicas == 2  # gateway.replicas: each gets its section
+        for name, url, section, token in [*(("gateway", u, replace(cfg.gateway, port=cfg.gateway.port + i),
+                                              cfg.gateway.auth_token)  # replica i binds gateway.port + i
+                                             for i, u in enumerate(urls["gateway"].split(","))),
+                                          ("orchestrator", urls["orchestrator"], cfg.orchestrator,
+                                           cfg.orchestrator.auth_token),
+                                          ("env", urls["env"], env, cfg.envs.auth_token)]:
+            reply = httpx.get(f"{url}/server_info", headers={"Authorization": f"Bearer {token}"}, timeout=30)
             assert reply.status_code == 200, reply.text
             missing += [f"{name}.{line}" for line in not_arrived(expected(name, section, cfg, urls), reply.json())]
         assert missing == [], "settings that did not reach the service:\n" + "\n".join(missing)

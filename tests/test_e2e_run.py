@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import msgpack
 import psutil
 import pytest
@@ -185,6 +186,40 @@ def test_run_survives_gateway_orchestrator_and_redis_kills(tmp_path):
     assert sorted(int(r["step"]) for r in records) == list(range(1, 17))
     groups = asyncio.run(_acked_groups(run_dir, tmp_path))
     assert len(groups) == len(set(groups)) and len(groups) >= 16 * 8  # every trained group acknowledged once
+
+
+def sessions_created(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("asyncrl_gateway_sessions_created_total"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_gateways_share_the_sessions_and_one_may_die(tmp_path):
+    """gateway.replicas=2: the orchestrator places sessions on the gateway with the fewest open; the killed one
+    comes back on its port, its sessions' episodes are dispatched again, and the other takes new sessions
+    meanwhile."""
+    run_dir = tmp_path / "e2e_gateways"
+    proc = launch(run_dir, "e2e_gateways", "total_steps=10", "warmup.steps=20", "trainer.groups_per_step=8",
+                  "trainer.checkpoint_every=4", "gateway.replicas=2")
+    services = run_dir / "services"
+    try:
+        wait_step(proc, run_dir, 3)
+        urls = [(services / f"{name}.url").read_text().strip() for name in ("gateway", "gateway-1")]
+        created = [sessions_created(url) for url in urls]
+        assert min(created) > 0.3 * sum(created), created  # both take sessions
+        killed = kill(services / "gateway-1.pid")
+        assert proc.wait(300) == 0, (tmp_path / "e2e_gateways.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    assert (services / "gateway-1.log").read_text().count(f"listening on {urls[1]}") >= 2
+    assert int((services / "gateway-1.pid").read_text()) != killed
+    assert sorted(int(r["step"]) for r in records_after_run(run_dir, tmp_path)) == list(range(1, 11))
+    groups = asyncio.run(_acked_groups(run_dir, tmp_path))
+    assert len(groups) == len(set(groups)) and len(groups) >= 10 * 8  # every trained group acknowledged once
 
 
 @pytest.mark.slow
