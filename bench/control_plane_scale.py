@@ -121,11 +121,15 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
     fleet = stack["fleet"] = Fleet(workdir, args.engines, args.engines_per_process, model, args.engine_priority)
     r = redis.Redis.from_url(redis_server.url)
     r.hset(key("engines"), mapping={f"engine-{i:03d}": url for i, url in enumerate(fleet.urls)})
-    gateway = stack["gateway"] = Proc(workdir, "gateway", [
+    # the first gateway on --gateway-cpus, a second (--gateways 2) on the other CPUs, beside the rest
+    gateway_cpus = [args.gateway_cpus, frozenset(USABLE_CPUS - args.gateway_cpus)][:args.gateways]
+    gateways = stack["gateways"] = [Proc(workdir, "gateway" if i == 0 else f"gateway-{i}", [
         sys.executable, "-m", "gateway.server", "--redis-url", redis_server.url, "--run", RUN, "--engines-from-redis",
         "--finished-session-ttl-s", "3600", "--engine-wait-s", "120"], priority=args.gateway_priority,
-        cpus=args.gateway_cpus)
-    gateway_url = stack["gateway_url"] = gateway.wait_url()
+        cpus=cpus) for i, cpus in enumerate(gateway_cpus)]
+    stack["gateway"] = gateways[0]
+    stack["gateway_urls"] = [g.wait_url() for g in gateways]
+    gateway_url = stack["gateway_url"] = stack["gateway_urls"][0]
     if args.hop_probe_interval_s > 0:  # the null hop: its server where the engines run, its client where the gateway
         server = stack["hop_server"] = Proc(workdir, "hop-server", [sys.executable, "-m", "bench.hop_probe", "serve"],
                                             priority=args.hop_probe_priority)
@@ -136,7 +140,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
         stack["hop_probe_priority"] = args.hop_probe_priority
     orch = stack["orchestrator"] = Proc(workdir, "orchestrator", [
         sys.executable, "-m", "orchestrator.server", "--redis-url", redis_server.url, "--run", RUN, "--gateway",
-        gateway_url, "--max-in-flight", str(args.episodes), "--group-size", str(GROUP_SIZE),
+        ",".join(stack["gateway_urls"]), "--max-in-flight", str(args.episodes), "--group-size", str(GROUP_SIZE),
         "--max-unconsumed-groups", "0", "--heartbeat-interval-s", "5", "--heartbeat-timeout-s", "60",
         "--episode-timeout-s", str(20 * episode_s(args)), "--sampling", json.dumps({"max_new_tokens": MAX_NEW_TOKENS}),
         "--log-level", "WARNING"])
@@ -161,7 +165,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> dict:
 
 def stop_stack(stack: dict) -> None:
     """SIGTERM to every child at once (env services drain for up to 30 s each), then wait for each."""
-    procs = [*stack.get("envs", []), stack.get("orchestrator"), stack.get("gateway"), stack.get("hop_probe"),
+    procs = [*stack.get("envs", []), stack.get("orchestrator"), *stack.get("gateways", []), stack.get("hop_probe"),
              stack.get("hop_server"),
              *(stack["fleet"].procs if "fleet" in stack else [])]
     procs = [p for p in procs if p is not None and p.popen.poll() is None]
@@ -177,8 +181,9 @@ def cpu_layout(args: argparse.Namespace) -> str:
     if not args.gateway_cpus:
         return "every process on every CPU"
     rest = sorted(USABLE_CPUS - args.gateway_cpus)
-    return (f"the gateway on CPU {sorted(args.gateway_cpus)}, the env services on CPU {sorted(args.env_cpus)}, every "
-            f"other process on CPU {rest}")
+    second = f" (a second gateway on CPU {rest})" if args.gateways == 2 else ""
+    return (f"the gateway on CPU {sorted(args.gateway_cpus)}{second}, the env services on CPU {sorted(args.env_cpus)}, "
+            f"every other process on CPU {rest}")
 
 
 def priority_words(priority: Priority) -> str:
@@ -213,7 +218,7 @@ class Sampler(threading.Thread):
 
 
 def groups(stack: dict) -> dict[str, list[Measured]]:
-    return {"gateway": [stack["gateway"]], "orchestrator": [stack["orchestrator"]],
+    return {"gateway": stack["gateways"], "orchestrator": [stack["orchestrator"]],
             "redis": [Measured(stack["redis"].process.pid)], "env_services": stack["envs"],
             "engines": stack["fleet"].procs}
 
@@ -297,8 +302,11 @@ def engine_counters(urls: list[str]) -> dict[str, dict[str, float]]:
 
 def snapshot(stack: dict) -> dict:
     with httpx.Client(timeout=60) as http:
-        metrics = http.get(f"{stack['gateway_url']}/metrics").text
-        engines = {e["url"]: e["requests"] for e in http.get(f"{stack['gateway_url']}/engines").json()["engines"]}
+        metrics = "\n".join(http.get(f"{url}/metrics").text for url in stack["gateway_urls"])  # summed below
+        engines: dict[str, int] = {}
+        for url in stack["gateway_urls"]:
+            for e in http.get(f"{url}/engines").json()["engines"]:
+                engines[e["url"]] = engines.get(e["url"], 0) + e["requests"]
         status = http.get(f"{stack['orchestrator_url']}/v1/status").json()
     return {"t": time.time(), "mono": time.monotonic(), "cpu": cpu_snapshot(stack), "metrics": metrics,
             "engine_requests": engines, "status": status, "engine_counters": engine_counters(stack["fleet"].urls)}
@@ -677,6 +685,9 @@ def parse_args() -> argparse.Namespace:
                    help="the gateway's (fifo: SCHED_FIFO, it never waits for its CPU)")
     p.add_argument("--gateway-cpus", type=parse_cpus, default=str(min(USABLE_CPUS)) if len(USABLE_CPUS) > 1 else "",
                    help="CPUs the gateway runs on alone, every other process on the rest ('': all share every CPU)")
+    p.add_argument("--gateways", type=int, choices=(1, 2), default=1,
+                   help="gateway processes (the run's gateway.replicas); the second runs on the CPUs --gateway-cpus "
+                        "leaves, beside the engines")
     p.add_argument("--env-cpus", type=parse_cpus, default=",".join(map(str, sorted(USABLE_CPUS))),
                    help="CPUs the env services run on (default: every CPU; at SCHED_IDLE they use the gateway's only "
                         "while it waits)")
