@@ -42,6 +42,7 @@ from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.run_metrics import Collector, TensorBoardMirror
 from asyncrl.run_summary import RunSummary, format_duration, summarize
+from asyncrl.stall import STATUS_STALE_S, stall_after_s, stall_cause
 from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
 
@@ -624,10 +625,6 @@ class Job:
 
 PROGRESS_EVERY_S = 30.0
 SERVICE_CHECK_EVERY_S = 5.0
-STALL_AFTER_S = 120.0
-"""No step for this long (or 5 median steps, whichever is longer) is reported as a stall, with its reason."""
-STATUS_STALE_S = 60.0
-"""An orchestrator /v1/status answer older than this: the progress line says its figures are stale."""
 
 
 def progress_line(total_steps: int, resumed_from: int, steps: list[dict[str, float]], status: Optional[dict],
@@ -651,36 +648,6 @@ def progress_line(total_steps: int, resumed_from: int, steps: list[dict[str, flo
             rollout += f", paused: {', '.join(status['pause_reasons'])}"
         parts.append(rollout)
     return " | ".join(parts)
-
-
-def stall_after_s(step_intervals: list[float]) -> float:
-    if not step_intervals:
-        return STALL_AFTER_S
-    return max(STALL_AFTER_S, 5 * sorted(step_intervals)[len(step_intervals) // 2])
-
-
-def stall_cause(status: Optional[dict], status_age_s: float = 0.0) -> tuple[str, str]:
-    """(component, why) nothing trains, from the orchestrator's side (the trainer waits for complete groups).
-    `status_age_s`: how old the orchestrator's last /v1/status answer is."""
-    if status is None or status_age_s > STATUS_STALE_S:
-        since = f" for {format_duration(status_age_s)}" if status is not None else ""
-        return "orchestrator", f"its /v1/status does not answer{since}"
-    by_env = status.get("by_env") or {}
-    running = {env: s["in_flight"] for env, s in by_env.items() if s.get("in_flight")}
-    paused = f"the orchestrator holds new groups ({', '.join(status['pause_reasons'])})" \
-        if status.get("pause_reasons") else ""
-    if running:
-        envs = ", ".join(sorted(running))
-        return (f"env {envs}", f"{', '.join(f'{n} episodes in flight at {env}' for env, n in sorted(running.items()))}"
-                f"{', ' + paused if paused else ''}, none completing a group: its services or the engines "
-                f"do not finish them")
-    if paused:
-        return "trainer", f"{paused} with 0 episodes in flight: the trainer consumes no groups"
-    healthy = {env: s.get("healthy_services", 0) for env, s in by_env.items()}
-    if status["queued"]:
-        return "env services", (f"{status['queued']} episodes queued, none dispatched (healthy env services: "
-                                f"{healthy or 'none registered'})")
-    return "env services", f"no episode in flight (healthy env services: {healthy or 'none registered'})"
 
 
 async def _group_counts(store) -> tuple[int, int]:

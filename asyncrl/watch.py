@@ -40,6 +40,7 @@ from rich.table import Table
 from asyncrl.redis_server import has_redis_data, replay_copy
 from asyncrl.run_metrics import envs_of
 from asyncrl.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
+from asyncrl.stall import stall_after_s, stall_cause, status_of_record
 from asyncrl.store import Store
 OUTCOME_CLASSES = ("model", "environment", "infrastructure", "cancelled")
 COMMAND_TIMEOUT_S = 10.0
@@ -125,6 +126,21 @@ class RunView:
     def pause_reasons(self) -> list[str]:
         return sorted(k.split("/", 1)[1] for k, v in self.orchestrator.items() if k.startswith("pause/") and v)
 
+    def stall(self) -> Optional[dict[str, Any]]:
+        """{idle_s, component, why} while a started, unfinished run has made no step for longer than the
+        launcher's stall line waits (asyncrl/stall.py), else None. The orchestrator's record older than
+        STATUS_STALE_S names the orchestrator: its figures here are that old."""
+        last = (self.trainer_times or [self.started_at])[-1]
+        if self.finished or last is None or not self.now or not self.services:
+            return None
+        idle_s = self.now - last
+        times = [self.started_at or last, *self.trainer_times]
+        if idle_s <= stall_after_s([b - a for a, b in zip(times, times[1:])]):
+            return None
+        status = status_of_record(self.orchestrator) if self.orchestrator else None
+        component, why = stall_cause(status, self.now - self.orchestrator_at if self.orchestrator else 0.0)
+        return {"idle_s": idle_s, "component": component, "why": why}
+
 
 async def refresh(store: Store, view: RunView) -> RunView:
     view.services = {k.decode(): v.decode() for k, v in (await store.redis.hgetall(store.key("services"))).items()}
@@ -173,6 +189,10 @@ def render(view: RunView, run: str) -> Group:
         head.add_row(f"[bold red]rollout paused[/]: new groups held back by {', '.join(reasons)}")
     else:
         head.add_row("[green]rollout dispatching[/]")
+    stall = view.stall()
+    if stall:
+        head.add_row(f"[bold red]STALLED[/]: no step for {duration(stall['idle_s'])}: {stall['component']}: "
+                     f"{stall['why']}")
     figures = Table(title="run", show_header=False, expand=True)
     recent = view.rewards[-REWARD_WINDOW:]
     rows = [

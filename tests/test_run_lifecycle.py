@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncrl.launcher import _prepare_run_dir, progress_line, stall_cause
+from asyncrl.launcher import _prepare_run_dir, progress_line
+from asyncrl.stall import stall_cause
 from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.config import RunConfig
 from asyncrl.store import TRAINER_GROUP, Store

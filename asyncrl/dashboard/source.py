@@ -187,7 +187,7 @@ class RunSource:
             "run": self.run or (self.target.run_dir.name if self.target.run_dir else None), "state": self.state,
             "error": self.error, "mode": v.mode, "step": v.step, "total_steps": v.total_steps,
             "finished": v.finished, "elapsed_s": v.elapsed_s(), "eta_s": None if v.finished else v.eta_s(),
-            "weights": v.weights, "pause_reasons": v.pause_reasons(), "services": v.services,
+            "weights": v.weights, "pause_reasons": v.pause_reasons(), "stall": v.stall(), "services": v.services,
             "trainer": v.trainer, "rollout": {k: val for k, val in v.orchestrator.items() if "/" not in k},
             "run_dir": str(self.target.run_dir) if self.target.run_dir else None,
             "envs": sorted(envs_of(v.orchestrator)),

@@ -9,6 +9,7 @@ and exit code 2."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -285,3 +286,27 @@ async def test_the_dashboard_of_a_run_whose_redis_goes_away_ends_in_its_summary(
         if terminal is not None:
             terminal.close()
         redis.stop()
+
+
+def test_watch_and_the_dashboard_name_what_stalls_a_run():
+    """No step for longer than the launcher's stall line waits: the view names the component (asyncrl/stall.py),
+    from the orchestrator's last record, or the orchestrator itself once that record is stale."""
+    from rich.console import Console
+
+    from asyncrl.watch import RunView, render
+
+    view = RunView(total_steps=10, services={"started_at": "1000"})
+    view.fold([("1010000-0", "trainer", {"step": 1.0}), ("1012000-0", "trainer", {"step": 2.0}),
+               ("1200000-0", "orchestrator", {"in_flight": 45.0, "queued": 0.0, "pause/unconsumed_groups": 1.0,
+                                              "env/hang/in_flight": 45.0, "env/hang/healthy_services": 1.0})])
+    view.now = 1050.0
+    assert view.stall() is None  # 38 s without a step: not yet
+    view.now = 1230.0
+    assert view.stall() == {"idle_s": 218.0, "component": "env hang",
+                            "why": "45 episodes in flight at hang, the orchestrator holds new groups (unconsumed_groups), "
+                                   "none completing a group: its services or the engines do not finish them"}
+    console = Console(width=250, file=io.StringIO(), record=True)
+    console.print(render(view, "r"))
+    assert "STALLED: no step for 3m38s: env hang" in console.export_text()
+    view.now = 1300.0  # the orchestrator's record is 100 s old: it stopped writing
+    assert view.stall()["component"] == "orchestrator" and "does not answer for 1m40s" in view.stall()["why"]

@@ -52,7 +52,8 @@ function showOverview(o) {
   const rollout = document.getElementById("rollout-state");
   rollout.textContent = !Object.keys(o.rollout).length ? "no record yet"
     : o.pause_reasons.length ? `paused by ${o.pause_reasons.join(", ")}` : "dispatching";
-  rollout.className = o.pause_reasons.length ? "bad" : "";
+  if (o.stall) rollout.textContent += ` | STALLED: no step for ${duration(o.stall.idle_s)}: ${o.stall.component}: ${o.stall.why}`;
+  rollout.className = o.pause_reasons.length || o.stall ? "bad" : "";
   const error = document.getElementById("run-error");
   error.hidden = !o.error; error.textContent = o.error || "";
   Trajectories.addEnvs(o.envs || []);
