@@ -50,10 +50,11 @@ def read_run(run_dir: Path) -> dict:
             records = [{**msgpack.unpackb(f[b"data"], raw=False), "ts": float(f[b"ts"])}
                        for _, f in r.xrange(prefix + "metrics") if f[b"source"] == b"trainer"]
             acked = [msgpack.unpackb(e, raw=False)[0] for e in r.lrange(prefix + "consumed", 0, -1)]
+            appended = [int(entry.split(b"-")[0]) / 1000 for entry, _ in r.xrange(prefix + "groups")]
             meta = {k.decode(): int(v) for k, v in r.hgetall(prefix + "orch:meta").items()
                     if v.decode().lstrip("-").isdigit()}
             r.close()
-    return {"records": records, "acked": acked, "meta": meta}
+    return {"records": records, "acked": acked, "meta": meta, "appended": appended}
 
 
 def live_step(run_dir: Path) -> int:
@@ -101,6 +102,11 @@ def one(fault: str, steps: int, kill_at: int, workdir: Path) -> dict:
     steps_seen = [int(r["step"]) for r in records]
     before = [r["ts"] for r in records if killed_at is None or r["ts"] < killed_at]
     interval = statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 2 else None
+    gaps = [b - a for a, b in zip(run["appended"], run["appended"][1:])]
+    rollout_gap_s = None  # the rollout's stall: the longest wait for a complete group from the kill on
+    if killed_at is not None:
+        after = [t for t in run["appended"] if t > killed_at]
+        rollout_gap_s = round(max([b - a for a, b in zip([killed_at, *after], after)], default=0.0), 1)
     heal_s = None
     if killed_at is not None:
         at = max((int(r["step"]) for r in records if r["ts"] < killed_at), default=0)
@@ -113,6 +119,7 @@ def one(fault: str, steps: int, kill_at: int, workdir: Path) -> dict:
     return {"fault": fault, "what": WHAT[fault], "exit_code": code, "wall_s": round(wall_s, 1),
             "steps_done": len(set(steps_seen)), "steps_total": steps, "steps_redone": len(steps_seen) - len(set(steps_seen)),
             "heal_s": heal_s, "step_interval_s": round(interval, 2) if interval else None,
+            "rollout_gap_s": rollout_gap_s, "group_interval_s": round(statistics.median(gaps), 2) if gaps else None,
             "groups_acked": len(acked), "groups_acked_twice": len(acked) - len(set(acked)),
             "groups_dropped_stale_or_failed": int(sum(r.get("filter_groups_dropped", 0) for r in records)),
             "episodes_redispatched": run["meta"].get("retried", 0), "episodes_failed_infrastructure": infrastructure}
@@ -123,15 +130,22 @@ def markdown(rows: list[dict], command: str, load: str) -> str:
              f"Command: `{command}`  ", f"Machine: {os.uname().machine}, {os.cpu_count()} cores, load average at "
              f"start {load}. tiny_demo, {rows[0]['steps_total']} steps of 8 groups x 8, checkpoint every 4 steps; "
              "the kill comes when step 5 is recorded.", "",
-             "Heal: seconds from the kill until a step past the one the run was at is recorded (a step takes the "
-             "interval shown when nothing fails). Dropped: groups acknowledged without training (stale or failed "
-             "members; consumed by design, counted here). Twice: groups acknowledged twice (must be 0).", "",
-             "| fault | exit | steps | heal s | step interval s | groups acked | twice | dropped | re-dispatched | "
-             "infrastructure failures | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Next step: seconds from the kill until a step past the one the run was at is recorded (a step "
+             "takes the step interval when nothing fails; groups read ahead carry the trainer over a rollout "
+             "stall). Rollout gap: the longest wait for a complete group from the kill on (the median wait "
+             "between groups in brackets). Dropped: groups acknowledged without training (stale or failed "
+             "members; consumed by design, counted here). Twice: groups acknowledged twice (must be 0). "
+             "Re-dispatched: the orchestrator's `retried` counter, which also counts the attempts its own shutdown "
+             "cut at the run's end (the no-fault row).", "",
+             "| fault | exit | steps | next step s (step interval) | rollout gap s (median) | groups acked | twice | "
+             "dropped | re-dispatched | infrastructure failures | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['what']} | {r['exit_code']} | {r['steps_done']}/{r['steps_total']}"
-                     f"{' (' + str(r['steps_redone']) + ' redone)' if r['steps_redone'] else ''} | {r['heal_s'] or '-'} | "
-                     f"{r['step_interval_s']} | {r['groups_acked']} | {r['groups_acked_twice']} | "
+                     f"{' (' + str(r['steps_redone']) + ' redone)' if r['steps_redone'] else ''} | "
+                     f"{'-' if r['heal_s'] is None else r['heal_s']} ({r['step_interval_s']}) | "
+                     f"{'-' if r['rollout_gap_s'] is None else r['rollout_gap_s']} ({r['group_interval_s']}) | "
+                     f"{r['groups_acked']} | {r['groups_acked_twice']} | "
                      f"{r['groups_dropped_stale_or_failed']} | {r['episodes_redispatched']} | "
                      f"{r['episodes_failed_infrastructure']} | {r['wall_s']} |")
     return "\n".join(lines) + "\n"

@@ -111,10 +111,14 @@ class RolloutEngine(Supervisor):
     def _catch_up(self) -> None:
         """Load the newest recorded snapshot if it is newer than what the engine serves (asked of the engine:
         a push may have reached it meanwhile, and versions only grow)."""
-        weights = store_call(self.redis_url, self.run, lambda store: store.weights())
-        if (weights.snapshot and weights.snapshot_version > int(self.weights[1])
-                and self._have_snapshot(weights.snapshot)):
-            asyncio.run(self._load_if_newer(weights.snapshot, weights.snapshot_version))
+        try:
+            weights = store_call(self.redis_url, self.run, lambda store: store.weights())
+            if (weights.snapshot and weights.snapshot_version > int(self.weights[1])
+                    and self._have_snapshot(weights.snapshot)):
+                asyncio.run(self._load_if_newer(weights.snapshot, weights.snapshot_version))
+        except Exception as err:  # noqa: BLE001 - a serving engine stays up; the next push brings the weights
+            log.warning("%s: catching up with the newest weight snapshot failed (%r); the next push brings them",
+                        self.engine_id, err)
 
     async def _load_if_newer(self, snapshot: str, version: int) -> None:
         async with EngineClient(self.url(), api_key=self.cfg.api_key) as engine:
