@@ -102,7 +102,8 @@ def one(fault: str, steps: int, kill_at: int, workdir: Path) -> dict:
     steps_seen = [int(r["step"]) for r in records]
     before = [r["ts"] for r in records if killed_at is None or r["ts"] < killed_at]
     interval = statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 2 else None
-    gaps = [b - a for a, b in zip(run["appended"], run["appended"][1:])]
+    if fault == "none":  # the same measures from the moment a kill would have come: the no-fault baseline
+        killed_at = next((r["ts"] for r in records if int(r["step"]) >= kill_at), None)
     rollout_gap_s = None  # the rollout's stall: the longest wait for a complete group from the kill on
     if killed_at is not None:
         after = [t for t in run["appended"] if t > killed_at]
@@ -119,7 +120,7 @@ def one(fault: str, steps: int, kill_at: int, workdir: Path) -> dict:
     return {"fault": fault, "what": WHAT[fault], "exit_code": code, "wall_s": round(wall_s, 1),
             "steps_done": len(set(steps_seen)), "steps_total": steps, "steps_redone": len(steps_seen) - len(set(steps_seen)),
             "heal_s": heal_s, "step_interval_s": round(interval, 2) if interval else None,
-            "rollout_gap_s": rollout_gap_s, "group_interval_s": round(statistics.median(gaps), 2) if gaps else None,
+            "rollout_gap_s": rollout_gap_s,
             "groups_acked": len(acked), "groups_acked_twice": len(acked) - len(set(acked)),
             "groups_dropped_stale_or_failed": int(sum(r.get("filter_groups_dropped", 0) for r in records)),
             "episodes_redispatched": run["meta"].get("retried", 0), "episodes_failed_infrastructure": infrastructure}
@@ -132,19 +133,19 @@ def markdown(rows: list[dict], command: str, load: str) -> str:
              "the kill comes when step 5 is recorded.", "",
              "Next step: seconds from the kill until a step past the one the run was at is recorded (a step "
              "takes the step interval when nothing fails; groups read ahead carry the trainer over a rollout "
-             "stall). Rollout gap: the longest wait for a complete group from the kill on (the median wait "
-             "between groups in brackets). Dropped: groups acknowledged without training (stale or failed "
+             "stall). Rollout gap: the longest wait for a complete group from the kill on. The no-fault row "
+             "measures both from the moment step 5 is recorded (no kill): the baseline. Dropped: groups acknowledged without training (stale or failed "
              "members; consumed by design, counted here). Twice: groups acknowledged twice (must be 0). "
              "Re-dispatched: the orchestrator's `retried` counter, which also counts the attempts its own shutdown "
              "cut at the run's end (the no-fault row).", "",
-             "| fault | exit | steps | next step s (step interval) | rollout gap s (median) | groups acked | twice | "
+             "| fault | exit | steps | next step s (step interval) | rollout gap s | groups acked | twice | "
              "dropped | re-dispatched | infrastructure failures | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['what']} | {r['exit_code']} | {r['steps_done']}/{r['steps_total']}"
                      f"{' (' + str(r['steps_redone']) + ' redone)' if r['steps_redone'] else ''} | "
                      f"{'-' if r['heal_s'] is None else r['heal_s']} ({r['step_interval_s']}) | "
-                     f"{'-' if r['rollout_gap_s'] is None else r['rollout_gap_s']} ({r['group_interval_s']}) | "
+                     f"{'-' if r['rollout_gap_s'] is None else r['rollout_gap_s']} | "
                      f"{r['groups_acked']} | {r['groups_acked_twice']} | "
                      f"{r['groups_dropped_stale_or_failed']} | {r['episodes_redispatched']} | "
                      f"{r['episodes_failed_infrastructure']} | {r['wall_s']} |")
