@@ -3,22 +3,42 @@ a reused pid and a launcher still running are never touched."""
 
 import json
 import subprocess
+import sys
 
 import psutil
 import pytest
 
 from asyncrl import leftovers
+from tests.services import ROOT
 
 
-def test_the_recorded_processes_that_still_run_are_stopped_and_named(tmp_path):
-    child = subprocess.Popen(["sleep", "60"])
+LAUNCHER = """
+import subprocess, sys, time
+from pathlib import Path
+from asyncrl import leftovers
+from tests.services import ROOT
+child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # outlives its parent, as Ray's agents do
+leftovers.record(Path(sys.argv[1]))
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_what_a_killed_launcher_left_running_is_stopped_and_named(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                cwd=ROOT)
+    left = psutil.Process(int(launcher.stdout.readline()))
     try:
-        assert leftovers.record(tmp_path) >= 1
-        assert leftovers.stop_leftovers(tmp_path) == [f"sleep (pid {child.pid})"]
-        assert child.wait(10) is not None and not (tmp_path / leftovers.RECORD).exists()
+        launcher.kill()
+        launcher.wait(10)
+        assert left.is_running()
+        assert leftovers.stop_leftovers(tmp_path) == [f"sleep (pid {left.pid})"]
+        assert not left.is_running() or left.status() == psutil.STATUS_ZOMBIE
+        assert not (tmp_path / leftovers.RECORD).exists()
         assert leftovers.stop_leftovers(tmp_path) == []  # nothing recorded: nothing to say
     finally:
-        child.kill()
+        if left.is_running():
+            left.kill()
 
 
 def test_a_pid_reused_by_another_process_is_left_alone(tmp_path):
