@@ -53,4 +53,9 @@ def status_of_record(record: dict[str, float]) -> dict:
     """An `orchestrator` record of the metrics stream (flat: `pause/<reason>`, `env/<env>/<field>`) as the
     /v1/status shape stall_cause reads."""
     return {"in_flight": record.get("in_flight", 0), "queued": record.get("queued", 0), "by_env": envs_of(record),
-            "pause_reasons": sorted(k.split("/", 1)[1] for k, v in record.items() if k.startswith("pause/") and v)}
+            "pause_reasons": pause_reasons_of(record)}
+
+
+def pause_reasons_of(record: dict[str, float]) -> list[str]:
+    """The pause reasons an `orchestrator` record holds (`pause/<reason>`: 1 while it holds)."""
+    return sorted(k.split("/", 1)[1] for k, v in record.items() if k.startswith("pause/") and v)

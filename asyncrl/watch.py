@@ -40,7 +40,7 @@ from rich.table import Table
 from asyncrl.redis_server import has_redis_data, replay_copy
 from asyncrl.run_metrics import envs_of
 from asyncrl.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
-from asyncrl.stall import stall_after_s, stall_cause, status_of_record
+from asyncrl.stall import pause_reasons_of, stall_after_s, stall_cause, status_of_record
 from asyncrl.store import Store
 OUTCOME_CLASSES = ("model", "environment", "infrastructure", "cancelled")
 COMMAND_TIMEOUT_S = 10.0
@@ -124,7 +124,7 @@ class RunView:
         return max(0, self.total_steps - self.step) * per_step
 
     def pause_reasons(self) -> list[str]:
-        return sorted(k.split("/", 1)[1] for k, v in self.orchestrator.items() if k.startswith("pause/") and v)
+        return pause_reasons_of(self.orchestrator)
 
     def stall(self) -> Optional[dict[str, Any]]:
         """{idle_s, component, why} while a started, unfinished run has made no step for longer than the

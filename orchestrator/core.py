@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any, Optional
 
 from asyncrl.config import OrchestratorConfig
@@ -59,6 +60,8 @@ class Orchestrator:
         self.metrics = OrchestratorMetrics(pause_reasons=lambda: self.pause_reasons)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
+        self.open_by_env: Counter[str] = Counter()
+        """Open groups per env (backpressure asks before every new group: kept, not counted each time)."""
         """Open groups (accepted, not yet complete)."""
         self.operator_paused = False
         self.awaited_envs = list(cfg.wait_for_envs)
@@ -73,8 +76,6 @@ class Orchestrator:
         """env_id -> episode_id -> the attempt running at that service."""
         self.settling = 0
         """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
-        """Attempts running per env, at its removed services that still drain included (their services
-        left the env's queue, so a sum over the queue said 0 while the total said 9)."""
         self._wake = asyncio.Event()
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
@@ -117,12 +118,10 @@ class Orchestrator:
         return ((["operator"] if self.operator_paused else []) + (["waiting_for_envs"] if self._awaiting() else [])
                 + self.backpressure.reasons(list(self.scheduler.queues) or [None]))
 
-    @property
-    def open_by_env(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for group in self.groups.values():
-            counts[group.env] = counts.get(group.env, 0) + 1
-        return counts
+    def add_group(self, group: Group) -> None:
+        """A group opens (started, or restored by a restarted orchestrator)."""
+        self.groups[group.group_id] = group
+        self.open_by_env[group.env] += 1
 
     def _awaiting(self) -> list[str]:
         """The run's envs whose tasks are not listed yet, while new groups wait for them (wait_for_envs)."""
@@ -181,7 +180,7 @@ class Orchestrator:
         self.counters.cursors[q.name] = cursor + 1
         self.counters.ordinal += 1
         group = Group.new(q.name, q.tasks[cursor], self.counters.ordinal, self.cfg.group_size, self.cfg.seed)
-        self.groups[group.group_id] = group
+        self.add_group(group)
         for member in group.members:
             if q.free_slots(now) > 0:
                 self._launch(q, group, member, now, trigger)
@@ -334,6 +333,7 @@ class Orchestrator:
     def complete_group(self, group: Group) -> None:
         """Every member finished: append the group's record, or filter it (dynamic sampling)."""
         del self.groups[group.group_id]
+        self.open_by_env[group.env] -= 1
         env = self.counters.by_env[group.env]
         verdict, filtered, self.counters.filter_streak = self.sampler.decide(group, self.counters.filter_streak)
         self.metrics.filtered_fraction.set(self.sampler.filtered_fraction)

@@ -48,7 +48,7 @@ async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
         orch.scheduler.add_service(service, time.monotonic())
     running = []
     for group in snapshot.groups:
-        orch.groups[group.group_id] = group
+        orch.add_group(group)
         for member in group.members:
             if member.state is MemberState.pending:
                 _requeue(orch, group, member)

@@ -64,7 +64,8 @@ class EnvQueue:
     bucket: Optional[TokenBucket] = None
     pass_: float = 0.0
     in_flight: int = 0
-    """Episodes of this env dispatched and not settled."""
+    """Episodes of this env dispatched and not settled, at its removed services that still drain included
+    (the queue outlives them: a sum over its services said 0 while the total said 9)."""
 
     def free_slots(self, now: float) -> int:
         return sum(s.free for s in self.services.values() if s.available(now))

@@ -159,7 +159,7 @@ async def test_the_staleness_budget_counts_only_groups_that_reach_the_trainer_us
         def start(rewards: list, given_up: int = 0) -> Group:
             orch.counters.ordinal += 1
             group = finished(orch.counters.ordinal, rewards, given_up)
-            orch.groups[group.group_id] = group
+            orch.add_group(group)
             return group
 
         first, second = start([0.0, 1.0]), start([1.0, 1.0])
