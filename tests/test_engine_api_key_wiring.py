@@ -27,7 +27,7 @@ def test_the_engine_api_key_reaches_engines_gateway_and_trainer_off_the_command_
     job, started = Job(cfg, tmp_path, "redis://127.0.0.1:1"), {}
     job.engines = SimpleNamespace(urls=lambda: ["http://127.0.0.1:30000"])
     monkeypatch.setattr(job, "_service", lambda name, module, args, _resources, env=None, port=0:
-                        started.update(args=args, env=env))
+                        started.update(args=args, env=env) or "http://127.0.0.1:1")  # a service's URL
     job._start_gateway()
     assert key not in started["args"] and started["env"][ENGINE_API_KEY_ENV] == key
     monkeypatch.setenv(ENGINE_API_KEY_ENV, started["env"][ENGINE_API_KEY_ENV])
