@@ -314,21 +314,21 @@ def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
 
 def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> tuple:
     """Redis, Ray, engines, gateway and env service(s) up, the split played (_play's answer), all down."""
-    from asyncrl.launcher import ComponentFailed, Job, _embedded_redis, _start_ray
+    from asyncrl.launcher import ComponentFailed, Job, _redis_for, _start_ray
 
     eval_dir = Path(ecfg.run_dir)
     with ExitStack() as stack:
         job: Optional[Job] = None
         interrupted = True
         try:
-            redis_url = ecfg.redis.url or _embedded_redis(ecfg, eval_dir, stack)
+            redis_url, embedded = _redis_for(ecfg, eval_dir, stack)
             try:
                 _start_ray(ecfg, stack)
             except Exception as err:  # e.g. a local GCS that does not come up in time on an overloaded machine
                 raise ComponentFailed("ray", f"{type(err).__name__}: {str(err).strip()[:500]}") from err
             if signals is not None:
                 signals.install()
-            job = Job(ecfg, eval_dir, redis_url)
+            job = Job(ecfg, eval_dir, redis_url, embedded)
             job._guard("engines", lambda: job._start_engines(model))
             gateway = job._guard("gateway", job._start_gateway)
             urls = [job._guard(f"env service {spec.env.name}", lambda r=r: job._start_env(spec.env, r, None))

@@ -119,8 +119,7 @@ def run(cfg: RunConfig, experiment: Optional[str] = None) -> int:
         try:
             _start_ray(cfg, stack)  # first: the embedded Redis of a run across hosts publishes the node's address
             signals.install()
-            embedded = None if cfg.redis.url else _embedded_redis(cfg, run_dir, stack)
-            redis_url = cfg.redis.url or embedded.url
+            redis_url, embedded = _redis_for(cfg, run_dir, stack)
             (run_dir / "redis.url").write_text(redis_url)  # `asyncrl watch --run-dir` finds the run by it
             job = Job(cfg, run_dir, redis_url, embedded)
             job.start()
@@ -188,13 +187,16 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
         log.warning("resume=false: deleted the run's %d keys from %s", deleted, cfg.redis.url)
 
 
-def _embedded_redis(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> EmbeddedRedis:
+def _redis_for(cfg: RunConfig, run_dir: Path, stack: ExitStack) -> tuple[str, Optional[EmbeddedRedis]]:
+    """The run's Redis URL, and the embedded server behind it (None where `redis.url` names one of the user's)."""
+    if cfg.redis.url:
+        return cfg.redis.url, None
     server = EmbeddedRedis(cfg.redis.data_dir or run_dir / "redis", aof=cfg.redis.aof,
                            appendfsync=cfg.redis.appendfsync, host=cfg.cluster.host or "127.0.0.1").start()
     stack.callback(server.stop)
     log.info("embedded redis-server at %s (AOF %s, appendfsync %s, data in %s)", server.url, cfg.redis.aof,
              cfg.redis.appendfsync, server.data_dir)
-    return server
+    return server.url, server
 
 
 LOOPBACK_ONLY_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
