@@ -355,8 +355,17 @@ class Store:
     # Metrics -----------------------------------------------------------------------------------
     async def add_metrics(self, source: str, values: dict[str, float], maxlen: int = 100_000) -> None:
         """Append a metrics record (time series for `asyncrl watch`, TensorBoard and tests)."""
-        fields = {"source": source, "ts": time.time(), "data": msgpack.packb(values)}
-        await self.redis.xadd(self.key("metrics"), fields, maxlen=maxlen, approximate=True)
+        data = msgpack.packb(values)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.key("metrics"), {"source": source, "ts": time.time(), "data": data}, maxlen=maxlen,
+                      approximate=True)
+            pipe.hset(self.key("metrics_last"), source, data)
+            await pipe.execute()
+
+    async def last_metrics(self, source: str) -> Optional[dict[str, float]]:
+        """The newest record `source` added (None before its first), without a walk over the stream."""
+        data = await self.redis.hget(self.key("metrics_last"), source)
+        return None if data is None else msgpack.unpackb(data, raw=False)
 
     async def read_metrics(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, str, dict[str, float]]]:
         """(stream id, source, values) records after `after`."""

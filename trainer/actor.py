@@ -74,7 +74,7 @@ class Trainer:
         """Trained batches whose groups wait for the next checkpoint to be acknowledged."""
         self.stopping = asyncio.Event()
         self.band = build_loss(cfg.loss).band
-        self._synced = False
+        self._started = False
         self.prometheus = TrainerMetrics(lambda: self.state.step, lambda: self.state.weight_version)
         """Updated after every step (trainer/loop.py); served at `metrics_url`/metrics."""
         self.metrics_server = serve_metrics(self.prometheus, lambda: {"step": self.state.step,
@@ -88,7 +88,7 @@ class Trainer:
 
     async def step(self, final: bool = False) -> Optional[dict[str, float]]:
         """One RL step (sync mode); None when a stop was requested while waiting for groups."""
-        await self.sync_engines()
+        await self.start()
         return await rl_step(self, final)
 
     def request_stop(self) -> None:
@@ -102,14 +102,28 @@ class Trainer:
         return await asyncio.to_thread(pack_dir, snapshot)  # the loop keeps serving meanwhile
 
     # What the loop calls (trainer/loop.py LoopTrainer) -------------------------------------------------
-    async def sync_engines(self) -> None:
-        """Once, at start: if the engines serve a version this trainer's checkpoint does not hold (a
-        push after the last checkpoint, then a crash), push the restored weights as a newer version,
-        so versions only grow and no sample is labelled with weights that no longer exist."""
-        if self._synced:
+    async def start(self) -> None:
+        """Once, before the first step: say where /metrics is, publish the checkpoint's step record if the crash
+        came before it was, and bring the engines to the checkpoint's weights."""
+        if self._started:
             return
-        self._synced = True
+        self._started = True
         await self.announce()
+        await self.publish_lost_record()
+        await self.sync_engines()
+
+    async def publish_lost_record(self) -> None:
+        """The checkpoint's step record, if the trainer that wrote the checkpoint died before publishing it
+        (the metrics stream would lack a step that the run did take), marked `republished`."""
+        last = await self.store.last_metrics("trainer")
+        if self.state.record and (last is None or last.get("step", 0) < self.state.step):
+            await self.report({**self.state.record, "republished": 1.0})
+            log.info("step %d: published its record, which the previous trainer did not", self.state.step)
+
+    async def sync_engines(self) -> None:
+        """If the engines serve a version this trainer's checkpoint does not hold (a push after the last
+        checkpoint, then a crash), push the restored weights as a newer version, so versions only grow and
+        no sample is labelled with weights that no longer exist."""
         served = (await self.store.weights()).served_version
         if served != self.state.weight_version:
             log.info("engines serve v%d, checkpoint holds v%d: pushing the restored weights", served,

@@ -45,7 +45,10 @@ class TrainerState:
     """Groups trained since the previous checkpoint: acknowledged once this checkpoint is durable."""
     repushes: list[list[int]] = field(default_factory=list)
     """[pushed, restored] for each restart that pushed the checkpoint's weights under a new version
-    (Trainer.sync_engines: versions only grow): version `pushed` serves the weights of version `restored`."""
+    (Trainer.start: versions only grow): version `pushed` serves the weights of version `restored`."""
+    record: dict[str, float] = field(default_factory=dict)
+    """The metrics record of `step` (trainer/loop.py), published after this checkpoint is durable: a restart
+    publishes it if a crash came in between (Trainer.start), so every durable step has its record."""
 
     @property
     def lineage_offset(self) -> int:

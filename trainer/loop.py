@@ -39,7 +39,8 @@ class LoopTrainer(Protocol):
     band: Optional[TrustBand]
     """The loss's trust band (PolicyLoss.band): the health metrics classify tokens by it."""
 
-    async def sync_engines(self) -> None: ...
+    async def start(self) -> None:
+        """Once, before the first step: whatever a restart must put right before training goes on."""
 
     async def next_batch(self) -> Optional[StepBatch]:
         """The next step's batch, or None once a stop is requested."""
@@ -60,7 +61,7 @@ class LoopTrainer(Protocol):
 
 async def train(t: LoopTrainer, total_steps: int) -> None:
     """Run until `total_steps` optimizer steps (counting those before a restart) or a stop request."""
-    await t.sync_engines()
+    await t.start()
     while t.state.step < total_steps and not t.stopping.is_set():
         await rl_step(t, final=t.state.step + 1 == total_steps)
     await t.checkpoint_and_commit()  # stopped early: make what was trained durable before returning
@@ -81,14 +82,15 @@ async def rl_step(t: LoopTrainer, final: bool = False) -> Optional[dict[str, flo
     push = None
     if state.step % cfg.weight_push.every_k_steps == 0:
         push = await t.push_weights(state.weight_version + 1)     # pause engines, transfer, continue
-    checkpoint_s = 0.0
-    if state.step % cfg.checkpoint_every == 0 or final:
-        checkpoint_started = time.perf_counter()
-        await t.checkpoint_and_commit()                            # durable, then XACK
-        checkpoint_s = time.perf_counter() - checkpoint_started
     metrics = step_metrics(batch, result, push, state.step, state.weight_version, waited, trained,
                            time.perf_counter() - started, t.band)
-    metrics["checkpoint_s"] = checkpoint_s
+    metrics["checkpoint_s"] = 0.0
+    if state.step % cfg.checkpoint_every == 0 or final:
+        state.record = dict(metrics)                               # durable with the step it describes
+        checkpoint_started = time.perf_counter()
+        await t.checkpoint_and_commit()                            # durable, then XACK
+        metrics["checkpoint_s"] = time.perf_counter() - checkpoint_started
+        metrics["step_s"] += metrics["checkpoint_s"]
     await t.report(metrics)
     return metrics
 

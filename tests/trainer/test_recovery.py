@@ -4,7 +4,8 @@ One lineage of real trainer processes on a real redis-server, against an uninter
 on the same groups:
   run 1  SIGKILL inside step 4's forward pass      (checkpoint at step 2; step 3 trained, not durable)
   run 2  resumes at step 2; SIGKILL after the checkpoint of step 4 is durable, before its XACK
-  run 3  resumes at step 4 (acknowledges steps 3-4's groups without training them), trains step 5,
+  run 3  resumes at step 4 (acknowledges steps 3-4's groups without training them, publishes step 4's
+         record, which run 2 died before publishing), trains step 5,
          then waits for groups that never come: SIGTERM -> checkpoint, acknowledge, exit 0
 The surviving lineage (run 1 up to its checkpoint, run 2 up to its checkpoint, run 3) must train every
 group exactly once, in the same steps as the uninterrupted run, and end with bit-identical weights.
@@ -99,6 +100,10 @@ async def test_killed_trainer_resumes_without_losing_or_repeating_a_group(redis_
     assert sorted(used) == sorted(ids)                      # none lost, none used twice
     assert set(trained(log)[2]["groups"]) <= set(used)     # run 1's lost step 3 was trained again
     assert await pending(store) == 0 and await store.unconsumed_groups() == 0
+    # run 2 died before publishing step 4's record: run 3 published it from the checkpoint
+    records = [v for _, source, v in await store.read_metrics() if source == "trainer"]
+    assert {int(r["step"]) for r in records} == set(range(1, STEPS + 1))
+    assert [int(r["step"]) for r in records if r.get("republished")] == [4]
 
     # the same steps and the same weights as a trainer that never died
     ref_dir, ref_log = tmp_path / "reference", tmp_path / "reference.jsonl"
