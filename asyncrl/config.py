@@ -234,6 +234,30 @@ class GatewayConfig:
 
 
 @dataclass
+class EpisodeDeadlineConfig:
+    """How the orchestrator sizes the deadline of an env that sets none (orchestrator/deadlines.py has the why):
+    `factor` x the p99 of its last `window` episodes (model outcomes, and episodes cut at their deadline),
+    between `min_s` and `orchestrator.episode_timeout_s`, once `after_episodes` have ended."""
+
+    factor: float = 4.0
+    """Deadline = factor x p99 of the env's episode durations; 0: every env without a deadline of its own gets
+    `orchestrator.episode_timeout_s`."""
+    min_s: float = 60.0
+    """A sized deadline is never shorter (a fast env's slow episode is not cut for being slower than the rest)."""
+    window: int = 200
+    """The env's most recent episodes the p99 is taken over."""
+    after_episodes: int = 20
+    """Episodes of the env that must have ended before its deadline is sized."""
+
+    def __post_init__(self) -> None:
+        if self.factor < 0 or (0 < self.factor < 1):
+            raise ValueError(f"episode_deadline.factor must be 0 (off) or >= 1, got {self.factor}")
+        if not self.min_s > 0 or self.window < 1 or not 1 <= self.after_episodes <= self.window:
+            raise ValueError("episode_deadline: min_s must be > 0 and 1 <= after_episodes <= window, got "
+                             f"min_s={self.min_s}, window={self.window}, after_episodes={self.after_episodes}")
+
+
+@dataclass
 class DynamicSamplingConfig:
     """DAPO-style dynamic sampling (slime's --dynamic-sampling-filter-path check_reward_nonzero_std, verl's
     algorithm.filter_groups): a complete group whose usable members' rewards are all equal carries no
@@ -302,7 +326,10 @@ class OrchestratorConfig:
     heartbeat_timeout_s: float = 15.0
     """No heartbeat (or successful /health probe) for this long: the service is unhealthy."""
     episode_timeout_s: float = 600.0
-    """Sent to envs as deadline_s; the orchestrator gives up on the request `request_grace_s` later."""
+    """Sent to envs as deadline_s (the orchestrator gives up on the request `request_grace_s` later): the deadline
+    of an env's episodes until `episode_deadline` sizes one from the env's figures, and the most it sizes."""
+    episode_deadline: EpisodeDeadlineConfig = field(default_factory=EpisodeDeadlineConfig)
+    """Deadlines sized from each env's own episode durations, for envs with no episode_timeout_s of their own."""
     request_grace_s: float = 30.0
     """Seconds past an episode's deadline_s the orchestrator still waits for the env's answer."""
     max_turns: int = 20
@@ -311,7 +338,8 @@ class OrchestratorConfig:
     """max_turns of one env's episodes, by env name or domain (the name's entry first); missing = max_turns.
     The launcher fills it from envs.services.<name>.max_turns."""
     episode_timeout_s_by_env: dict[str, float] = field(default_factory=dict)
-    """episode_timeout_s (deadline_s) of one env's episodes, by env name or domain; missing = episode_timeout_s.
+    """episode_timeout_s (deadline_s) of one env's episodes, by env name or domain, never resized; missing = sized
+    by `episode_deadline`.
     The launcher fills it from envs.services.<name>.episode_timeout_s."""
     wait_for_envs: list[str] = field(default_factory=list)
     """Env names whose tasks new groups wait for at start, so that the first steps' mix holds every env of
@@ -386,7 +414,8 @@ class EnvServiceConfig:
     max_turns: Optional[int] = None
     """Model calls an episode of this env may make (EpisodeContext.max_turns); None = orchestrator.max_turns."""
     episode_timeout_s: Optional[float] = None
-    """Deadline of this env's episodes (EpisodeContext.deadline_s); None = orchestrator.episode_timeout_s."""
+    """Deadline of this env's episodes (EpisodeContext.deadline_s); None = sized from the env's episode durations
+    (orchestrator.episode_deadline), orchestrator.episode_timeout_s until it is."""
 
     def __post_init__(self) -> None:
         if self.max_turns is not None and self.max_turns < 1:

@@ -26,12 +26,13 @@ from collections import Counter
 from typing import Any, Optional
 
 from asyncrl.config import OrchestratorConfig
-from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, OutcomeClass
+from asyncrl.protocols.env_service import EpisodeReason, EpisodeRequest, EpisodeResponse, OutcomeClass
 from asyncrl.protocols.orchestrator import (EnvStatus, HeartbeatRequest, OverheadSummary, PauseResponse,
                                             RegisterRequest, StatusResponse)
 from asyncrl.store import Store
 from orchestrator.backpressure import Backpressure, Signal, Staleness, UnconsumedGroups
 from orchestrator.counters import Counters
+from orchestrator.deadlines import EpisodeDeadlines
 from orchestrator.dynamic_sampling import DynamicSampler, Verdict
 from orchestrator.envclient import EnvClient, Outcome
 from orchestrator.groups import Group, Member, MemberState
@@ -58,6 +59,7 @@ class Orchestrator:
         self.scheduler = Scheduler(cfg.group_size, cfg.max_in_flight, cfg.domain_weights, cfg.rate_limits)
         self.sampler = DynamicSampler(cfg.dynamic_sampling, cfg.groups_per_step)
         self.metrics = OrchestratorMetrics(pause_reasons=lambda: self.pause_reasons)
+        self.deadlines = EpisodeDeadlines(cfg.episode_deadline, cfg.episode_timeout_s)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
         self.open_by_env: Counter[str] = Counter()
@@ -224,7 +226,11 @@ class Orchestrator:
             outcome = Outcome("error", error=f"orchestrator: {err!r}", reason=ORCHESTRATOR_ERROR)
         if not self._release(service, episode_id):
             return
-        self.metrics.duration.labels(group.env).observe(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.metrics.duration.labels(group.env).observe(seconds)
+        if _ran_its_course(outcome):
+            self.deadlines.observe(group.env, seconds)
+            self.metrics.deadline.labels(group.env).set(self.deadlines.deadline_s(group.env))
         self.settling += 1
         try:
             await self._settle(group, member, service, outcome)
@@ -248,12 +254,13 @@ class Orchestrator:
 
     def episode_limits(self, service: Service) -> tuple[int, float]:
         """(max_turns, deadline_s) of an episode at `service`: its env's setting (`max_turns_by_env`,
-        `episode_timeout_s_by_env`, by env name, else by domain), else the run's."""
-        def pick(by_env: dict, default):
-            return by_env.get(service.name, by_env.get(service.domain, default))
+        `episode_timeout_s_by_env`, by env name, else by domain), else the run's max_turns and the deadline
+        sized from the env's episodes (orchestrator/deadlines.py)."""
+        return (_by_env(self.cfg.max_turns_by_env, service.name, service.domain, self.cfg.max_turns),
+                self.deadline_s(service.name, service.domain))
 
-        return (pick(self.cfg.max_turns_by_env, self.cfg.max_turns),
-                pick(self.cfg.episode_timeout_s_by_env, self.cfg.episode_timeout_s))
+    def deadline_s(self, env: str, domain: str) -> float:
+        return _by_env(self.cfg.episode_timeout_s_by_env, env, domain, self.deadlines.deadline_s(env))
 
     async def _settle(self, group: Group, member: Member, service: Service, outcome: Outcome) -> None:
         response = outcome.response
@@ -444,6 +451,7 @@ class Orchestrator:
                                      groups_unusable=c["unusable"],
                                      healthy_services=q.healthy_services(), weight=q.weight,
                                      groups_open=open_groups.get(name, 0), held=self.backpressure.reasons([name]),
+                                     deadline_s=self.deadline_s(name, q.domain),
                                      outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
             in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued,
@@ -466,6 +474,18 @@ class Orchestrator:
         await asyncio.gather(*attempts, *self._background, return_exceptions=True)
         await self.sessions.close()
         await self.http.close()
+
+
+def _by_env(by_env: dict, env: str, domain: str, default):
+    """An env's entry of a by-env setting: by its name, else by its domain, else `default`."""
+    return by_env.get(env, by_env.get(domain, default))
+
+
+def _ran_its_course(outcome: Outcome) -> bool:
+    """An attempt whose length says how long the env's episodes take: a model outcome, or cut at its deadline."""
+    response = outcome.response
+    return response is not None and (response.outcome is OutcomeClass.model
+                                     or response.reason is EpisodeReason.deadline_exceeded)
 
 
 def _failure(outcome: Outcome) -> tuple[str, str]:

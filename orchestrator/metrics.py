@@ -62,6 +62,8 @@ class OrchestratorMetrics:
                                   "socket", buckets=OVERHEAD_BUCKETS, registry=r)
         self.duration = Histogram(f"{p}episode_seconds", "Episode wall time at the env service", ["env"],
                                   buckets=EPISODE_BUCKETS, registry=r)
+        self.deadline = Gauge(f"{p}episode_deadline_seconds", "Deadline of the env's next episodes: sized from "
+                              "its episode durations (orchestrator/deadlines.py) once it has them", ["env"], registry=r)
         self.reward = Histogram(f"{p}reward", "Rewards of usable episodes", ["env"],
                                 buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=r)
         self._overheads = np.zeros((overhead_window, 2))

@@ -102,6 +102,9 @@ class EnvStatus(BaseModel):
     held: list[str] = Field(default_factory=list)
     """Backpressure signals holding this env's new groups (the run's `pause_reasons` are those holding every
     env): an env whose episodes hang is held by its own open groups, alone."""
+    deadline_s: Optional[float] = None
+    """deadline_s of the env's next episodes: its own episode_timeout_s, else sized from its episode durations
+    (orchestrator/deadlines.py), else the run's episode_timeout_s."""
     outcomes: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Attempts that ended, by outcome class then reason (model: trained, once per member; environment,
     infrastructure: one per failed attempt, retried or given up), e.g. {"infrastructure": {"deadline_exceeded": 2}}."""
