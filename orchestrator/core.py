@@ -62,9 +62,9 @@ class Orchestrator:
         self.deadlines = EpisodeDeadlines(cfg.episode_deadline, cfg.episode_timeout_s)
         self.counters = Counters()
         self.groups: dict[str, Group] = {}
+        """Open groups (accepted, not yet complete)."""
         self.open_by_env: Counter[str] = Counter()
         """Open groups per env (backpressure asks before every new group: kept, not counted each time)."""
-        """Open groups (accepted, not yet complete)."""
         self.operator_paused = False
         self.awaited_envs = list(cfg.wait_for_envs)
         """Envs new groups still wait for (their tasks are not listed yet), until wait_for_envs_s have passed."""
@@ -82,6 +82,9 @@ class Orchestrator:
         self._woken_at: Optional[float] = None
         """When the event that triggered the next dispatch round happened (scheduling-overhead clock)."""
         self._background: set[asyncio.Task] = set()
+        self._attempts: set[asyncio.Task] = set()
+        """Every attempt task, running at its service or settling: `close` stops them all, so no settle runs on
+        into clients that close under it (it failed, and counted a retry, at every shutdown)."""
 
     def _signals(self) -> list[Signal]:
         signals: list[Signal] = []
@@ -201,6 +204,8 @@ class Orchestrator:
         self.scheduler.charge(q, 1, now)
         self.metrics.in_flight.labels(q.name).inc()
         task = asyncio.create_task(self._attempt(group, member, service, episode_id), name=episode_id)
+        self._attempts.add(task)
+        task.add_done_callback(self._attempts.discard)
         self._running.setdefault(service.env_id, {})[episode_id] = (group, member, task)
         self.ledger.touch(group)
 
@@ -467,11 +472,12 @@ class Orchestrator:
             outcomes=by_class(self.counters.total_outcomes()), by_env=by_env)
 
     async def close(self) -> None:
-        """Stop attempts (their state stays in Redis for the next start) and close the clients."""
-        attempts = [task for running in self._running.values() for (_, _, task) in running.values()]
-        for task in attempts + list(self._background):
+        """Stop attempts, settling ones included (their state stays in Redis for the next start, which finishes a
+        half-recorded session idempotently: orchestrator/recovery.py), then close the clients."""
+        tasks = list(self._attempts) + list(self._background)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*attempts, *self._background, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.sessions.close()
         await self.http.close()
 
