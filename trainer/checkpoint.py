@@ -2,7 +2,8 @@
 
     <run_dir>/checkpoints/step-00000010/
         model/, optimizer.pt      the backend's state (TrainerBackend.save_checkpoint)
-        trainer_state.json        TrainerState: step, weight version, groups trained since the last checkpoint
+        trainer_state.json        TrainerState: step, weight version, groups trained since the last checkpoint,
+                                  the step's metrics record
 
 Each checkpoint directory appears atomically (trainer/atomic_dir.py). The commit protocol with the
 group stream (trainer/data.py):
@@ -15,6 +16,8 @@ A crash before 2 re-delivers the groups to the restarted trainer, which resumes 
 checkpoint and trains them again (their first training died with the process: each group reaches
 the surviving weights once). A crash between 2 and 3 re-delivers groups the checkpoint already holds:
 the restarted loader gets `trained_stream_ids` and acknowledges them without training them again.
+The step's metrics record is published after 2, so the checkpoint holds it too (`TrainerState.record`):
+a crash between 2 and its publication is made good by the restarted trainer (Trainer.publish_lost_record).
 The position in the stream itself lives in Redis (the consumer group's pending list and
 last-delivered id), so it needs no copy here.
 """
