@@ -20,6 +20,7 @@ from asyncrl.launcher import ComponentFailed, Job, env_service_args, orchestrato
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
+from orchestrator.deadlines import EpisodeDeadlines
 from orchestrator.server import parse_args
 from tests.envs.recording_orchestrator import RecordingOrchestrator
 from tests.orchestrator.conftest import Orchestrator, journal
@@ -140,8 +141,9 @@ def test_env_entries_take_field_overrides_removals_and_name_a_misspelt_field():
 def test_episode_limits_by_env_name_then_domain_then_the_runs():
     cfg = parse_args(["--redis-url", "redis://x", "--llm-url", "http://x", "--max-turns", "7", "--episode-timeout-s",
                       "50", "--max-turns-by-env", "swe=30,search=4", "--episode-timeout-s-by-env", "swe=900"])[0]
-    limits = {(name, domain): OrchestratorCore.episode_limits(SimpleNamespace(cfg=cfg),
-                                                               SimpleNamespace(name=name, domain=domain))
+    core = SimpleNamespace(cfg=cfg, deadlines=EpisodeDeadlines(cfg.episode_deadline, cfg.episode_timeout_s))
+    core.deadline_s = lambda env, domain: OrchestratorCore.deadline_s(core, env, domain)
+    limits = {(name, domain): OrchestratorCore.episode_limits(core, SimpleNamespace(name=name, domain=domain))
               for name, domain in [("swe", "code"), ("swe-lite", "swe"), ("search", "swe"), ("tasks", "tasks")]}
     assert limits == {("swe", "code"): (30, 900.0), ("swe-lite", "swe"): (30, 900.0), ("search", "swe"): (4, 900.0),
                       ("tasks", "tasks"): (7, 50.0)}
