@@ -40,7 +40,3 @@ class EpisodeDeadlines:
 
     def deadline_s(self, env: str) -> float:
         return self._deadline.get(env, self.cap_s)
-
-    def sized(self) -> dict[str, float]:
-        """The deadline of every env that has one sized from its figures."""
-        return dict(self._deadline)
