@@ -80,8 +80,8 @@ class EndpointSessions(SessionProvider):
 
 class GatewaySessions(SessionProvider):
     """Sessions on one gateway or several (`gateway_url`: their URLs, comma-separated). A new session goes to
-    the gateway with the fewest sessions this orchestrator opened there and has not finished; one that does
-    not answer is passed over for the next. A session is finished where it was opened; a session of a
+    the gateway with the fewest sessions this orchestrator opened there (or is opening: a group's members
+    ask at once) and has not finished; one that does not answer is passed over for the next. A session is finished where it was opened; a session of a
     previous orchestrator process (recovery) at the gateway that knows it (each is asked: a gateway answers
     404 for a session it does not hold)."""
 
@@ -94,7 +94,9 @@ class GatewaySessions(SessionProvider):
         self.headers = bearer_headers(cfg.gateway_token)
         self.config_sampling = cfg.sampling
         self.open_sessions = dict.fromkeys(self.urls, 0)
-        """Sessions opened at each gateway and not finished yet (placement)."""
+        """Sessions opened or being opened at each gateway and not finished yet (placement). A gateway is
+        counted when it is chosen, before its reply: counted after, the concurrent opens of a group all see
+        the same counts and all go to the first gateway."""
         self.down_until = dict.fromkeys(self.urls, 0.0)
         """A gateway that did not take a session is asked last until then (monotonic time)."""
         self._gateway_of: dict[str, str] = {}
@@ -105,7 +107,6 @@ class GatewaySessions(SessionProvider):
             metadata={"episode_id": episode_id, "member": member.index, "attempt": member.attempt, "seed": member.seed},
             sampling=session_sampling(self.config_sampling, member.seed)).model_dump()
         url, reply = await self._create(body)
-        self.open_sessions[url] += 1
         self._gateway_of[reply["session_id"]] = url
         return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model,
                                                 api_key=reply.get("api_key"), sampling=self.sampling)
@@ -116,14 +117,20 @@ class GatewaySessions(SessionProvider):
         while True:
             now = time.monotonic()
             for url in sorted(self.urls, key=lambda u: (self.down_until[u] > now, self.open_sessions[u])):
+                self.open_sessions[url] += 1
+                reply = None
                 try:
-                    return url, await self._call("POST", url, "/sessions", body, expect=(201,),
-                                                 retry=len(self.urls) == 1)
+                    reply = await self._call("POST", url, "/sessions", body, expect=(201,),
+                                             retry=len(self.urls) == 1)
+                    return url, reply
                 except GatewayUnavailable as err:
                     if self.down_until[url] <= now:
                         log.warning("gateway %s: POST /sessions failed (%s); new sessions go to the others first "
                                     "for %g s", url, err, GATEWAY_DOWN_S)
                     self.down_until[url] = time.monotonic() + GATEWAY_DOWN_S
+                finally:
+                    if reply is None:  # not placed there (unavailable, refused, or the episode was cancelled)
+                        self.open_sessions[url] -= 1
             delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
             log.warning("no gateway took a new session; retrying in %.1fs", delay)
             await asyncio.sleep(delay)
