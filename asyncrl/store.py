@@ -12,6 +12,7 @@ The API is asyncio (redis.asyncio): every component that touches Redis runs an e
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from redis.backoff import ExponentialBackoff
 from asyncrl.types import GroupRecord, Sample, TrainedTokens, TrainingGroup
 
 T = TypeVar("T")
+log = logging.getLogger("asyncrl.store")
 
 TRAINER_GROUP = "trainer"
 COMMAND_TIMEOUT_S = 30.0
@@ -165,15 +167,17 @@ class Store:
     async def get_samples(self, refs: Iterable[str]) -> list[Sample]:
         """Samples by stream id, in order; a missing id raises KeyError (it was trimmed or never written)."""
         refs = list(refs)
+        found = await self._samples_by_ref(refs)
+        for ref, sample in zip(refs, found):
+            if sample is None:
+                raise KeyError(f"sample {ref} not in {self.key('samples')}")
+        return found
+
+    async def _samples_by_ref(self, refs: list[str]) -> list[Optional[Sample]]:
         pipe = self.redis.pipeline(transaction=False)
         for ref in refs:
             pipe.xrange(self.key("samples"), ref, ref)
-        out = []
-        for ref, entries in zip(refs, await pipe.execute()):
-            if not entries:
-                raise KeyError(f"sample {ref} not in {self.key('samples')}")
-            out.append(Sample.decode(entries[0][1][b"data"]))
-        return out
+        return [Sample.decode(entries[0][1][b"data"]) if entries else None for entries in await pipe.execute()]
 
     async def list_samples(self, before: str = "+", count: int = 100) -> list[tuple[str, Sample]]:
         """(stream id, sample) of up to `count` samples recorded before stream id `before` ("+": the newest
@@ -243,8 +247,15 @@ class Store:
         return [e for e in claimed if e and e[1]]  # entries deleted meanwhile come back empty
 
     async def _training_group(self, entry_id: bytes, fields: dict[bytes, bytes]) -> TrainingGroup:
+        """The record with the samples Redis still holds: one it lost (a restart from an AOF without its
+        last writes) leaves its member missing, which the trainer's group rule counts, instead of a
+        group no trainer can ever read."""
         record = GroupRecord.decode(fields)
-        return TrainingGroup(_s(entry_id), record, await self.get_samples(record.sample_refs))
+        found = await self._samples_by_ref(record.sample_refs)
+        if None in found:
+            log.error("group %s (%s): %d of its %d samples are not in Redis (lost in a restart, or trimmed): "
+                      "trained without them", _s(entry_id), record.group_id, found.count(None), len(found))
+        return TrainingGroup(_s(entry_id), record, [s for s in found if s is not None])
 
     async def ack_groups(self, groups: list[TrainingGroup], group: str = TRAINER_GROUP) -> None:
         """Acknowledge consumed groups, then delete what falls out of the retention window."""

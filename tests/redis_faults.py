@@ -1,10 +1,42 @@
-"""Fault injection between a client and a real redis-server: replies lost after Redis applied a write."""
+"""Fault injection against a real redis-server: replies lost after Redis applied a write
+(ReplyCuttingProxy), and a restart whose AOF lacks writes Redis had acknowledged (AofTail)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator
+
+from asyncrl.redis_server import EmbeddedRedis
+
+
+class AofTail:
+    """What an appendfsync-everysec server loses in a host crash: `mark()` copies the AOF as it is now (the
+    server runs with `always`, so the copy holds every acknowledged write); `lose()` SIGKILLs the server,
+    puts the copy back and restarts it there: every write acknowledged after the mark is gone."""
+
+    def __init__(self, server: EmbeddedRedis, workdir: Path) -> None:
+        self.server = server
+        self.copy = workdir / "aof-mark"
+
+    def _aof_paths(self, root: Path) -> list[Path]:
+        return list(root.glob("appendonly*"))
+
+    def mark(self) -> None:
+        shutil.rmtree(self.copy, ignore_errors=True)
+        self.copy.mkdir(parents=True)
+        for path in self._aof_paths(self.server.data_dir):
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.copy / path.name)
+
+    def lose(self) -> None:
+        self.server.kill()
+        for path in self._aof_paths(self.server.data_dir):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for path in self._aof_paths(self.copy):
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.server.data_dir / path.name)
+        self.server.revive()
 
 
 class ReplyCuttingProxy:

@@ -76,6 +76,9 @@ class FilterStats:
     aborted: int = 0
     """Aborted samples must never reach the trainer; counted (and logged) if they do."""
     padding_copies: int = 0
+    redelivered: int = 0
+    """Groups acknowledged before that Redis delivered again (it lost the acknowledgement in a restart
+    from its AOF): acknowledged again, not trained (trainer/data.py)."""
     groups_filtered: int = 0
     """Groups the orchestrator's dynamic sampling filtered before these ones (equal rewards, never
     appended: GroupRecord.filtered_before), i.e. the uninformative groups it took to fill the step."""

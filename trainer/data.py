@@ -15,11 +15,17 @@ Delivery guarantees (the "step ledger"):
 * The window between "durable" and XACK: store `batch.stream_ids` with the checkpoint and pass them
   as `trained_stream_ids` on restart; such groups are then acknowledged without being trained again.
 * Dropped groups (stale, failed) are acknowledged with the step that saw them: consumed, not trained.
+* A Redis that restarts from an AOF without its last writes (appendfsync everysec, a host crash) may have
+  lost acknowledgements: those groups come back as pending. The loader remembers the last ACKED_MEMORY
+  groups it acknowledged, acknowledges such a group again without training it, and counts it
+  (`filter_redelivered`).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -28,6 +34,12 @@ from asyncrl.store import Store
 from asyncrl.types import TrainingGroup
 from trainer.advantages import FilterStats, ScoredGroup, as_recorded, score_group
 from trainer.packing import MicroBatch, fill_ratio, pack
+
+log = logging.getLogger("trainer.data")
+
+ACKED_MEMORY = 10_000
+"""Stream ids of the latest acknowledged groups the loader keeps: far more than the seconds of writes an
+AOF can lose hold."""
 
 
 @dataclass
@@ -82,6 +94,10 @@ class GroupLoader:
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self._trained = set(trained_stream_ids)
+        self._acked: deque[str] = deque(maxlen=ACKED_MEMORY)
+        self._acked_set: set[str] = set()
+        self._redelivered = 0
+        """Acknowledged groups Redis delivered again since the last next_step (their acknowledgement was lost)."""
         self._in_flight: set[str] = set()  # stream ids of groups in batches not committed yet
         self._step_ids = itertools.count()
 
@@ -109,9 +125,10 @@ class GroupLoader:
             self._in_flight.difference_update(scored.group.stream_id for scored in consumed)
             raise
         samples = [s for scored in kept for s in scored.samples]
+        stats = sum((s.stats for s in consumed), FilterStats(redelivered=self._redelivered))
+        self._redelivered = 0
         return StepBatch(step_id, weight_version, pack(samples, self.config.micro_batch_tokens),
-                         [s.group for s in consumed], sum((s.stats for s in consumed), FilterStats()),
-                         self.config.micro_batch_tokens, lineage)
+                         [s.group for s in consumed], stats, self.config.micro_batch_tokens, lineage)
 
     async def commit(self, batch: StepBatch) -> None:
         """The step is durable: acknowledge its groups. Committing a batch again does nothing."""
@@ -120,6 +137,14 @@ class GroupLoader:
         await self.store.ack_groups(batch.groups)
         batch.committed = True
         self._in_flight.difference_update(batch.stream_ids)
+        self._remember_acked(batch.stream_ids)
+
+    def _remember_acked(self, stream_ids: list[str]) -> None:
+        for stream_id in stream_ids:
+            if len(self._acked) == self._acked.maxlen:
+                self._acked_set.discard(self._acked[0])
+            self._acked.append(stream_id)
+            self._acked_set.add(stream_id)
 
     async def _read(self, count: int) -> list[TrainingGroup]:
         """Up to `count` groups not already in an uncommitted batch of this loader. Our own pending
@@ -130,9 +155,16 @@ class GroupLoader:
         return await self._skip_trained(groups[:count])
 
     async def _skip_trained(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
-        """Acknowledge (without training) groups a checkpoint says were trained before a crash."""
-        done = [g for g in groups if g.stream_id in self._trained]
+        """Acknowledge (without training) groups a checkpoint says were trained before a crash, and groups
+        this loader acknowledged before whose acknowledgement Redis lost."""
+        done = [g for g in groups if g.stream_id in self._trained or g.stream_id in self._acked_set]
         if done:
+            again = [g.stream_id for g in done if g.stream_id in self._acked_set]
+            if again:
+                log.error("Redis delivered %d groups again that this trainer had acknowledged (a restart from an "
+                          "AOF without its last writes lost the acknowledgements): acknowledged again, not "
+                          "trained: %s", len(again), again)
+                self._redelivered += len(again)
             await self.store.ack_groups(done)
             self._trained.difference_update(g.stream_id for g in done)
         return [g for g in groups if all(g is not d for d in done)]

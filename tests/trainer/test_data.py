@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from asyncrl.config import TrainerConfig
+from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
 from asyncrl.types import GroupRecord
+from tests.redis_faults import AofTail
 from tests.trainer.helpers import make_sample
-from trainer.advantages import ScoredSample
+from trainer.advantages import ScoredSample, score_group
 from trainer.backends.base import StepResult
 from trainer.data import GroupLoader
 from trainer.loop import step_metrics
@@ -260,3 +262,35 @@ async def test_cancelled_next_step_hands_its_groups_to_the_next_call(store):
     await put_group(store, "g1")
     batch = await loader.next_step(10)
     assert group_ids(batch) == ["g0", "g1"]
+
+
+async def test_a_redis_restart_that_lost_writes_loses_acks_and_samples_not_the_trainer(tmp_path, run_name):
+    """An AOF without its last writes (appendfsync everysec, a host crash): acknowledgements it lost bring
+    trained groups back, which are acknowledged again and counted, not trained twice; a group whose sample
+    it lost (the orchestrator appends the record from memory after the restart) is read without that member
+    instead of failing every read."""
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    aof = AofTail(server, tmp_path)
+    store = Store.connect(server.url, run_name, retry_s=30)
+    try:
+        for k in range(4):
+            await put_group(store, f"g{k}")
+        loader = GroupLoader(store, "trainer-0", CONFIG, block_ms=50)
+        first = await loader.next_step(10)
+        aof.mark()
+        await loader.commit(first)
+        lost_sample = await store.add_sample(make_sample("g4-0", group_id="g4", reward=1.0, version=10))
+        aof.lose()
+        samples = [make_sample(f"g4-{i}", group_id="g4", reward=float(i % 2), version=10, seed=i) for i in (1, 2, 3)]
+        await store.add_group(GroupRecord("g4", "t", "arith", [lost_sample] + [await store.add_sample(s)
+                                                                             for s in samples], 4))
+        second = await loader.next_step(10)
+        assert group_ids(first) == ["g0", "g1"] and group_ids(second) == ["g2", "g3"]
+        assert second.stats.redelivered == 2
+        await loader.commit(second)
+        g4 = (await store.read_groups("trainer-0", count=1, block_ms=50))[0]
+        assert g4.record.group_id == "g4" and len(g4.samples) == 3
+        assert score_group(g4, 10, CONFIG.staleness_tau, CONFIG.advantage).stats.missing == 1
+    finally:
+        await store.close()
+        server.stop()
