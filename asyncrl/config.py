@@ -31,7 +31,8 @@ class RedisConfig:
     """Embedded server only: redis' appendfsync. `always` (the default) fsyncs before each reply, so every
     acknowledged write survives a redis-server crash, which the launcher restarts from the AOF. `everysec`
     may lose the last 1-2 s of acknowledged writes there (it answers a write whose AOF append it postponed
-    behind a running fsync): groups, samples or acknowledgements the other components believe written.
+    behind a running fsync): groups, samples or acknowledgements the other components believe written (they
+    count and log what they see gone: docs/run.md, Failures).
     Measured (bench/results/redis_fsync.md): a lone writer 0.37 ms a write instead of 0.15 ms; 32 concurrent
     writers 0.078 vs 0.069 ms; during an AOF rewrite p99 0.96 vs 0.22 ms; a 30-step tiny_demo run 63.1 / 64.6 s
     vs 63.8 / 62.0 s (two runs each)."""

@@ -500,7 +500,8 @@ class Job:
         """A dead embedded redis-server is started again on its address from its AOF; every component's
         Redis client retries its commands meanwhile (trainer.redis_retry_s and the services' own retries).
         Writes that redis acknowledged but had not appended to the AOF yet are lost with appendfsync
-        everysec (redis.appendfsync: `always` loses none)."""
+        everysec (redis.appendfsync: `always` loses none); their writers count them (summary.json
+        `lost_to_redis`)."""
         code = self.embedded.died() if self.embedded else None
         if code is None:
             return

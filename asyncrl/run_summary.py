@@ -38,6 +38,10 @@ class RunSummary:
     """env -> outcome class (model, environment, infrastructure, ...) -> attempts."""
     agent: dict[str, dict[str, float]] = field(default_factory=dict)
     """AGENT_METRICS key -> {"first", "last"}: its mean over the first and the last reward window, per sample."""
+    lost_to_redis: dict[str, int] = field(default_factory=dict)
+    """What Redis acknowledged and then lost in restarts from its AOF (appendfsync everysec, a host crash):
+    `group_records` (the orchestrator's count: never trained), `acknowledgements` (the trainer's: those
+    groups came back and were acknowledged again, not trained twice). Empty when nothing was lost."""
     final_weights: Optional[str] = None
     eval_command: Optional[str] = None
     run_dir: str = ""
@@ -59,6 +63,9 @@ class RunSummary:
         for env, classes in sorted(self.outcomes.items()):
             counts = ", ".join(f"{cls} {n}" for cls, n in sorted(classes.items()))
             out.append(f"  env {env}: episodes by outcome: {counts or 'none'}")
+        if self.lost_to_redis:
+            out.append("  LOST in Redis restarts (acknowledged writes its AOF did not hold): " + ", ".join(
+                f"{n} {what.replace('_', ' ')}" for what, n in self.lost_to_redis.items()))
         if self.final_weights:
             out.append(f"  final weights (HF format): {self.final_weights}")
         if self.eval_command:
@@ -77,6 +84,7 @@ def summarize(name: str, run_dir: Path, total_steps: int, wall_s: float, trainer
         name=name, steps=int(trainer_records[-1]["step"]) if trainer_records else 0, total_steps=total_steps,
         wall_s=round(wall_s, 1), reward_first=_mean(rewards[:window]), reward_last=_mean(rewards[-window:]),
         reward_window=window, outcomes=_outcomes(status), agent=_agent(trainer_records, window),
+        lost_to_redis=_lost_to_redis(trainer_records, status),
         final_weights=final_weights,
         eval_command=eval_command(final_weights, experiment), run_dir=str(run_dir))
 
@@ -113,6 +121,12 @@ def _agent(trainer_records: list[dict[str, float]], window: int) -> dict[str, di
         if values:
             out[key] = {"first": _mean(values[:window]), "last": _mean(values[-window:])}
     return out
+
+
+def _lost_to_redis(trainer_records: list[dict[str, float]], status: Optional[dict[str, Any]]) -> dict[str, int]:
+    lost = {"group_records": int((status or {}).get("groups_lost_to_redis", 0)),
+            "acknowledgements": int(sum(r.get("filter_redelivered", 0) for r in trainer_records))}
+    return {what: n for what, n in lost.items() if n}
 
 
 def _outcomes(status: Optional[dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -73,6 +73,7 @@ class Orchestrator:
         self.envs = EnvClient(self.http, cfg.env_token)
         self.sessions = make_sessions(cfg, self.http)
         self.ledger = Ledger(store, self.counters.to_meta)
+        self.metrics.groups_lost.set_function(lambda: self.ledger.records_lost)
         self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)
         self._running: dict[str, dict[str, tuple[Group, Member, asyncio.Task]]] = {}
         """env_id -> episode_id -> the attempt running at that service."""
@@ -463,6 +464,7 @@ class Orchestrator:
             completed=self.counters.total("completed"), failed=self.counters.total("failed"),
             retried=self.counters.retried, groups_completed=self.counters.total("groups"),
             groups_recorded=self.counters.total("groups") - self.ledger.unwritten_completions,
+            groups_lost_to_redis=self.ledger.records_lost,
             groups_open=len(self.groups), groups_filtered=self.counters.total("filtered"),
             groups_passed=self.counters.total("passed"), groups_unusable=self.counters.total("unusable"),
             filtered_fraction=self.sampler.filtered_fraction, filter_streak=self.counters.filter_streak,

@@ -9,6 +9,7 @@ Keys (prefix `asyncrl:{run}:`):
 | `orch:groups` | hash | group_id -> the open group with every member's state (msgpack) |
 | `orch:meta` | hash | group ordinal, per-env task cursors, counters |
 | `orch:batch` | string | id of the last batch applied (a retried batch is applied once) |
+| `orch:meta` `records`, `records_lost` | hash fields | group records appended so far, and how many of them a Redis restart lost |
 | `groups` | stream | the trainer's stream: one GroupRecord per complete group (but filtered ones) |
 
 The dispatch loop changes groups in memory and marks them dirty; a writer task snapshots everything
@@ -18,6 +19,11 @@ in the same transaction, together with the counters: a group is appended exactly
 crashes. A group filtered by dynamic sampling (`discard`) is deleted from `orch:groups` with its
 samples (XDEL from `samples`: nobody will acknowledge them, so retention would never trim them) in
 the same way, and never appended. `durable(group)` waits until the group's current state is in Redis.
+
+A Redis that comes back from its AOF without its last writes (appendfsync everysec; `always` loses none)
+shows here as a batch marker older than the last batch this ledger applied. The ledger then counts the
+group records it had appended that are gone (`records` then and now), logs them and keeps the count
+(`records_lost`, the status' `groups_lost_to_redis`): those groups will not be trained.
 """
 
 from __future__ import annotations
@@ -74,6 +80,12 @@ class Ledger:
         self._current: Optional[asyncio.Future] = None
         self.groups_recorded = 0
         """GroupRecords this ledger has written to the `groups` stream."""
+        self.records = 0
+        """GroupRecords the run's orchestrators have appended, as of the last batch (`orch:meta` `records`)."""
+        self.records_lost = 0
+        """Of those, how many Redis restarts lost (acknowledged, then gone from the restored AOF)."""
+        self._applied: Optional[str] = None
+        """Id of the last batch this ledger applied: `orch:batch` says another one only if Redis lost writes."""
         self.filtered_unreported = 0
         """Groups discarded since the last GroupRecord written: the next record carries them
         (GroupRecord.filtered_before), so the trainer can count what filling a step took. Kept in
@@ -173,9 +185,12 @@ class Ledger:
         meta = self.meta()
         if unreported or self.filtered_unreported:  # only runs that filter have the key
             meta = {**meta, "filtered_unreported": unreported}
-        await self._execute(lambda pipe: self._queue_batch(pipe, states, records, beats, meta, dropped))
+        await self._execute(lambda pipe: self._queue_batch(
+            pipe, states, records, beats, {**meta, "records": self.records + len(records),
+                                           "records_lost": self.records_lost}, dropped))
         self.filtered_unreported = unreported
         self.groups_recorded += len(records)
+        self.records += len(records)
         self._in_batch, self._records_in_batch = set(), 0
         self._current.set_result(None)
 
@@ -219,13 +234,27 @@ class Ledger:
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 await pipe.watch(marker)
-                if _s(await pipe.get(marker) or b"") == batch_id:
+                applied = _s(await pipe.get(marker) or b"")
+                if applied == batch_id:
+                    self._applied = batch_id
                     return
+                if self._applied is not None and applied != self._applied:
+                    self._count_lost(int(await pipe.hget(self.key("meta"), "records") or 0))
                 pipe.multi()
                 queue_batch(pipe)
                 pipe.set(marker, batch_id)
                 try:
                     await pipe.execute()
+                    self._applied = batch_id
                     return
                 except WatchError:  # another attempt of this batch got there first: the marker says so
                     continue
+
+    def _count_lost(self, restored: int) -> None:
+        """Redis came back without this ledger's last batches: count the group records that went with them."""
+        lost = max(self.records - restored, 0)
+        self.records_lost += lost
+        self._applied = None  # counted once: the batch being written now is the new baseline
+        log.error("Redis came back without the last writes it had acknowledged (its AOF lost them: "
+                  "redis.appendfsync everysec, or a host crash): %d group records this orchestrator had appended "
+                  "are gone and will not be trained (%d lost in this run)", lost, self.records_lost)

@@ -64,6 +64,8 @@ class OrchestratorMetrics:
                                   buckets=EPISODE_BUCKETS, registry=r)
         self.deadline = Gauge(f"{p}episode_deadline_seconds", "Deadline of the env's next episodes: sized from "
                               "its episode durations (orchestrator/deadlines.py) once it has them", ["env"], registry=r)
+        self.groups_lost = Gauge(f"{p}groups_lost_to_redis", "Group records Redis acknowledged and lost in a restart "
+                                 "from its AOF (appendfsync everysec, a host crash) in this run", registry=r)
         self.reward = Histogram(f"{p}reward", "Rewards of usable episodes", ["env"],
                                 buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=r)
         self._overheads = np.zeros((overhead_window, 2))

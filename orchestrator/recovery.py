@@ -40,6 +40,8 @@ async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
     orch.counters.retried, orch.counters.ordinal = counters.retried, counters.ordinal
     orch.counters.filter_streak = counters.filter_streak
     orch.ledger.filtered_unreported = int(snapshot.meta.get("filtered_unreported", 0))
+    orch.ledger.records = int(snapshot.meta.get("records", 0))
+    orch.ledger.records_lost = int(snapshot.meta.get("records_lost", 0))
     orch.counters.cursors.update(counters.cursors)
     orch.counters.by_env.update(counters.by_env)
     orch.counters.outcomes.update(counters.outcomes)

@@ -138,6 +138,9 @@ class StatusResponse(BaseModel):
     """Groups whose every member finished (in memory; their records reach Redis within ~50 ms)."""
     groups_recorded: int
     """Complete groups whose GroupRecord is durable in the `groups` stream (what the trainer can read)."""
+    groups_lost_to_redis: int = 0
+    """Group records Redis acknowledged and then lost in a restart from its AOF (appendfsync everysec, a
+    host crash): never trained (orchestrator/ledger.py)."""
     groups_open: int
     groups_filtered: int = 0
     groups_passed: int = 0

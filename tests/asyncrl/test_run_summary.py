@@ -27,3 +27,14 @@ def test_a_run_without_tool_calls_prints_no_agent_line(tmp_path: Path):
     summary = summarize("run", tmp_path, 4, 6.0, plain, None, "tiny_demo")
     assert summary.agent == {} and not any("per sample" in line for line in summary.lines())
     assert isinstance(summary, RunSummary)
+
+
+def test_what_redis_lost_in_a_restart_is_said_and_nothing_when_it_lost_nothing(tmp_path: Path):
+    trainer = [{"step": 1, "reward_mean": 0.5, "filter_redelivered": 0.0},
+               {"step": 2, "reward_mean": 0.5, "filter_redelivered": 3.0}]
+    summary = summarize("run", tmp_path, 2, 6.0, trainer, {"groups_lost_to_redis": 5}, None)
+    assert summary.lost_to_redis == {"group_records": 5, "acknowledgements": 3}
+    assert "  LOST in Redis restarts (acknowledged writes its AOF did not hold): 5 group records, 3 acknowledgements" \
+        in summary.lines()
+    clean = summarize("run", tmp_path, 2, 6.0, trainer[:1], {"groups_lost_to_redis": 0}, None)
+    assert clean.lost_to_redis == {} and not any("LOST" in line for line in clean.lines())
