@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.redis_server import EmbeddedRedis  # noqa: E402
 from asyncrl.store import Store  # noqa: E402
+from driver.redis_server import EmbeddedRedis  # noqa: E402
 
 CLIENTS = {"redis-py Connection, default socket_timeout 5 s": {},
            "redis-py Connection, no socket timeout": {"socket_timeout": None},

@@ -15,7 +15,7 @@ import resource
 import signal
 
 from asyncrl.config import OrchestratorConfig
-from asyncrl.run_metrics import orchestrator_record
+from orchestrator.run_record import orchestrator_record
 from asyncrl.store import Store
 from orchestrator.core import Orchestrator
 from orchestrator.health import HealthMonitor
@@ -73,7 +73,7 @@ class Runtime:
 
     async def _publish_metrics(self) -> None:
         """A record in the run's metrics stream every few seconds (`asyncrl watch`, TensorBoard, W&B): the
-        whole status in the one `orchestrator` shape (asyncrl.run_metrics.orchestrator_record), totals, pause
+        whole status in the one `orchestrator` shape (orchestrator/run_record.py), totals, pause
         reasons and every env's health, load and outcomes in each record. The first at start, and `stop`
         writes a last one: a run shorter than the interval (an async tiny run takes ~3 s) still ends its
         stream with its final totals and every env it served."""

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from asyncrl.redis_server import EmbeddedRedis
+from driver.redis_server import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
 
-from asyncrl.redis_server import EmbeddedRedis
+from driver.redis_server import EmbeddedRedis
 
 
 class AofTail:

@@ -1,4 +1,4 @@
-"""The whole system end to end: `python -m asyncrl.train experiment=tiny_demo` learns; survives an env
+"""The whole system end to end: `python -m driver.train experiment=tiny_demo` learns; survives an env
 service, an engine, the trainer, the gateway, the orchestrator, the embedded redis-server and the launcher
 being killed, losing nothing; stops naming the component when one cannot come back or progress stalls;
 and runs with every push method in both modes."""
@@ -22,15 +22,15 @@ import psutil
 import pytest
 import redis
 
-from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
+from driver.redis_server import EmbeddedRedis
 from tests.services import ROOT
 from tests.wandb_files import read_offline_runs
 
 
 def launch(run_dir: Path, name: str, *overrides: str, experiment: str = "tiny_demo") -> subprocess.Popen:
     log = open(run_dir.parent / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "asyncrl.train", f"experiment={experiment}", f"name={name}",
+    return subprocess.Popen([sys.executable, "-m", "driver.train", f"experiment={experiment}", f"name={name}",
                              f"run_dir={run_dir}", *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 

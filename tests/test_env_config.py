@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
-from asyncrl.evaluate import Driver, EvalSpec
-from asyncrl.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
+from driver.evaluate import Driver, EvalSpec
+from driver.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
 from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.deadlines import EpisodeDeadlines
@@ -198,7 +198,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from asyncrl.config import CONFIG_DIR, register_configs, to_dataclass
-from asyncrl.launcher import Job, _start_ray
+from driver.launcher import Job, _start_ray
 
 register_configs()
 with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -259,7 +259,7 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
     started = []
     job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (started.append(args)
                                                                                            or "http://env")
-    with caplog.at_level("WARNING", logger="asyncrl.launcher"):
+    with caplog.at_level("WARNING", logger="driver.launcher"):
         for env in cfg.envs.services.values():
             for replica in range(2):
                 job._start_env(env, replica, None)

@@ -13,7 +13,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncrl.config import ComponentsConfig, RunConfig
-from asyncrl.launcher import ComponentFailed, Job
+from driver.launcher import ComponentFailed, Job
 
 RESTART_DELAY_S = 4.0
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import redis.exceptions
 
-from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import RECORDED_TTL_S, Store
 from asyncrl.types import GroupRecord, Sample, TrainedTokens
+from driver.redis_server import EmbeddedRedis
 from tests.redis_faults import ReplyCuttingProxy
 
 

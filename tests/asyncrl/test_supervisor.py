@@ -9,8 +9,8 @@ import time
 import httpx
 
 from asyncrl.config import EnvServiceConfig
-from asyncrl.launcher import env_service_args
 from asyncrl.supervisor import RESTART_ATTEMPTS, ServiceActor
+from driver.launcher import env_service_args
 
 
 def arithmetic_service(tmp_path, check_interval_s: float = 0.5) -> ServiceActor:

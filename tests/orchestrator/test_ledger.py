@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
 from asyncrl.types import GroupRecord
+from driver.redis_server import EmbeddedRedis
 from orchestrator.groups import Group, MemberState
 from orchestrator.ledger import Ledger
 from tests.redis_faults import AofTail, ReplyCuttingProxy

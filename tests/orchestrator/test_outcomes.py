@@ -7,7 +7,7 @@ import re
 from collections import Counter, defaultdict
 
 from asyncrl.config import TrainerConfig
-from asyncrl.run_metrics import orchestrator_record
+from orchestrator.run_record import orchestrator_record
 from asyncrl.store import Store
 from orchestrator.counters import Counters
 from orchestrator.outcomes import SERVICE_ERROR, by_class

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from asyncrl.config import TrainerConfig
-from asyncrl.redis_server import EmbeddedRedis
 from asyncrl.store import Store
 from asyncrl.types import GroupRecord
+from driver.redis_server import EmbeddedRedis
 from tests.redis_faults import AofTail
 from tests.trainer.helpers import make_sample
 from trainer.advantages import ScoredSample, score_group

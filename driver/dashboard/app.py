@@ -28,15 +28,15 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from asyncrl.dashboard.access import COOKIE, DashboardGuard, cookie_value
-from asyncrl.dashboard.probes import Probes
-from asyncrl.dashboard.source import RunSource, Unreadable
-from asyncrl.dashboard.trajectories import PAGE_MAX, SCAN_MAX, SampleFilter, TrajectoryView, page
 from asyncrl.service import install_error_handlers, install_metrics
 from asyncrl.store import Store
-from asyncrl.watch import Target
+from driver.dashboard.access import COOKIE, DashboardGuard, cookie_value
+from driver.dashboard.probes import Probes
+from driver.dashboard.source import RunSource, Unreadable
+from driver.dashboard.trajectories import PAGE_MAX, SCAN_MAX, SampleFilter, TrajectoryView, page
+from driver.watch import Target
 
-STATIC = Path(str(resources.files("asyncrl.dashboard") / "static"))
+STATIC = Path(str(resources.files("driver.dashboard") / "static"))
 STREAM_ID = r"^(\+|\d+-\d+)$"
 T = TypeVar("T")
 

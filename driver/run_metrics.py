@@ -1,11 +1,11 @@
 """Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard (and to
-W&B when `wandb.enabled`, asyncrl/wandb_mirror.py, with the services' own /metrics).
+W&B when `wandb.enabled`, driver/wandb_mirror.py, with the services' own /metrics).
 
 Sources (the `source` field of a record; each source has one record shape, written by one writer):
 * `trainer`: one record per step, appended by the trainer (trainer/loop.py step_metrics: reward, loss,
   masked fraction, staleness, tokens/s, weight version, time per phase, ...).
 * `orchestrator`: one record every few seconds, appended by the orchestrator itself
-  (orchestrator/runtime.py), shaped by `orchestrator_record`: totals, pause reasons, and each env's
+  (orchestrator/runtime.py), shaped by orchestrator/run_record.py: totals, pause reasons, and each env's
   health, load and outcomes.
 `asyncrl watch`, the TensorBoard event files under <run_dir>/tensorboard and the W&B run (mirrored by
 the launcher's `Collector`, which also keeps the orchestrator's last /v1/status for the launcher's
@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from asyncrl.service_metrics import ServiceScraper
 from asyncrl.store import Store
 
-log = logging.getLogger("asyncrl.run_metrics")
+log = logging.getLogger("driver.run_metrics")
 
 TRAINER_SCALARS = {
     "reward_mean": "rollout/reward_mean", "response_len_mean": "rollout/response_length",
@@ -43,9 +43,6 @@ ORCHESTRATOR_SCALARS = {
     "groups_filtered": "rollout/groups_filtered", "groups_passed": "rollout/groups_passed_uninformative",
     "filtered_fraction": "rollout/filtered_fraction",
 }
-ORCHESTRATOR_TOTALS = ("in_flight", "settling", "queued", "completed", "failed", "retried", "groups_completed",
-                       "episodes_per_s", "groups_filtered", "groups_passed", "groups_unusable", "filtered_fraction",
-                       "filter_streak")
 SYSTEM_ORCHESTRATOR = ("paused", "pause/", "dispatch_overhead")
 """`orchestrator` record keys (and prefixes) that are about the orchestrator itself: system/orchestrator/<key>."""
 
@@ -70,53 +67,6 @@ def orchestrator_key(key: str) -> str:
     if key.startswith(SYSTEM_ORCHESTRATOR):
         return f"system/orchestrator/{key}"
     return f"rollout/{key}"
-
-
-ENV_FIELDS = ("healthy_services", "in_flight", "queued", "completed", "failed", "groups_completed",
-              "groups_filtered", "groups_passed", "groups_unusable")
-
-
-def orchestrator_record(status: dict[str, Any]) -> dict[str, float]:
-    """The `orchestrator` record: GET /v1/status (a StatusResponse as a dict) flattened into scalars.
-
-    Totals (`in_flight`, `settling`, `queued`, `completed`, `failed`, `retried`, `groups_completed`,
-    `episodes_per_s`, `weight_version`, `dispatch_overhead_p99_ms`, `outcome_<class>`), `paused` (0/1)
-    with `pause/<reason>` = 1 for each reason holding new groups back (operator, unconsumed_groups,
-    staleness), and per env `env/<env>/<field>` for ENV_FIELDS plus `env/<env>/outcome_<class>` and
-    `env/<env>/outcome_<class>/<reason>` (attempts that ended, by outcome class and reason)."""
-    record = {k: float(status[k]) for k in ORCHESTRATOR_TOTALS if isinstance(status.get(k), (int, float))}
-    if isinstance(status.get("weight_version"), (int, float)):
-        record["weight_version"] = float(status["weight_version"])
-    overhead = status.get("dispatch_overhead") or {}
-    if isinstance(overhead.get("p99_ms"), (int, float)):
-        record["dispatch_overhead_p99_ms"] = float(overhead["p99_ms"])
-    reasons = list(status.get("pause_reasons") or [])
-    record["paused"] = float(bool(reasons or status.get("paused")))
-    record.update({f"pause/{reason}": 1.0 for reason in reasons})
-    record.update(_outcomes("", status.get("outcomes") or {}))
-    for env, stats in (status.get("by_env") or {}).items():
-        record.update({f"env/{env}/{k}": float(stats[k]) for k in ENV_FIELDS if isinstance(stats.get(k), (int, float))})
-        record.update(_outcomes(f"env/{env}/", stats.get("outcomes") or {}, by_reason=True))
-    return record
-
-
-def _outcomes(prefix: str, outcomes: dict[str, dict[str, int]], by_reason: bool = False) -> dict[str, float]:
-    out = {}
-    for cls, reasons in outcomes.items():
-        out[f"{prefix}outcome_{cls}"] = float(sum(reasons.values()))
-        if by_reason:
-            out.update({f"{prefix}outcome_{cls}/{reason}": float(n) for reason, n in reasons.items()})
-    return out
-
-
-def envs_of(record: dict[str, float]) -> dict[str, dict[str, float]]:
-    """An `orchestrator` record's per-env values: {env: {field: value}} (fields as after `env/<env>/`)."""
-    out: dict[str, dict[str, float]] = {}
-    for key, value in record.items():
-        if key.startswith("env/"):
-            env, _, name = key[4:].partition("/")
-            out.setdefault(env, {})[name] = value
-    return out
 
 
 def newer(records: list[tuple[str, str, dict[str, float]]], after: str) -> list[tuple[str, str, dict[str, float]]]:

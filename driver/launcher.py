@@ -5,8 +5,8 @@ services and the trainer, wired by URL, until `total_steps`; then a clean shutdo
       -> trainer actor (built while the rest starts) -> engines (Ray actors) -> gateway -> orchestrator
       -> env services -> trainer.run(total_steps)
 
-Components are named by import path in `cfg.components` and imported only here, at run time (asyncrl
-never imports a component statically). Services run as supervised processes inside Ray actors
+Components are named by import path in `cfg.components` and imported at run time, so a run config can
+swap one for another. Services run as supervised processes inside Ray actors
 (asyncrl.supervisor), so a crashed service is restarted and a killed actor is recreated by Ray.
 Each service gets its resolved config section as `--config <run_dir>/config/<name>.json` (secrets by
 environment variable; docs/run.md "One config path into every service"), carried by its actor to the
@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from redis.exceptions import RedisError
 
-from asyncrl import leftovers
 from asyncrl.auth import bearer_headers
 from asyncrl.config import (ENGINE_API_KEY_ENV, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RunConfig,
                             TrainerConfig, section_data, write_section)
@@ -39,17 +38,18 @@ from asyncrl.network import is_loopback
 from asyncrl.node_files import pack_dir
 from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
-from asyncrl.redis_server import EmbeddedRedis
-from asyncrl.run_metrics import Collector, TensorBoardMirror
-from asyncrl.run_summary import RunSummary, format_duration, summarize
-from asyncrl.stall import STATUS_STALE_S, stall_after_s, stall_cause
 from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
+from driver import leftovers
+from driver.redis_server import EmbeddedRedis
+from driver.run_metrics import Collector, TensorBoardMirror
+from driver.run_summary import RunSummary, format_duration, summarize
+from driver.stall import STATUS_STALE_S, stall_after_s, stall_cause
 
 if TYPE_CHECKING:
-    from asyncrl.wandb_mirror import WandbMirror
+    from driver.wandb_mirror import WandbMirror
 
-log = logging.getLogger("asyncrl.launcher")
+log = logging.getLogger("driver.launcher")
 
 
 class ComponentFailed(RuntimeError):
@@ -289,7 +289,7 @@ class Job:
 
     def _start_wandb(self) -> WandbMirror:
         """The W&B run, with the resolved run config (section_data: secrets left out)."""
-        from asyncrl.wandb_mirror import WandbMirror  # wandb is imported only by runs that log to it
+        from driver.wandb_mirror import WandbMirror  # wandb is imported only by runs that log to it
 
         return WandbMirror(self.cfg.wandb, self.cfg.name, self.run_dir, section_data(self.cfg))
 

@@ -4,7 +4,7 @@
         [--split eval] [--samples 8] [--k 1,8] [--tasks N] [--temperature 0] [--out result.json]
     asyncrl eval experiment=tiny_demo model.path=PATH [any other Hydra override]
 
-The config is the run's (Hydra, the same groups and validation as `asyncrl.train`), so the engines,
+The config is the run's (Hydra, the same groups and validation as `driver.train`), so the engines,
 the gateway and the env service start exactly as in training (the launcher's own pieces: embedded
 Redis, Ray, `components.engine_group`, the gateway, `components.env_service`) and every episode samples
 at `rollout.sampling` (temperature, top_p, max_new_tokens: the same endpoint and session sampling the
@@ -303,7 +303,7 @@ def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
     the gateway follows, so nothing here touches a training run, even on a shared Redis or Ray cluster.
     redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in its
     directory (run_dir: <run_dir>/eval/<stamp>-<env>, created here)."""
-    from asyncrl.launcher import resolve_run_dir
+    from driver.launcher import resolve_run_dir
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     eval_dir = resolve_run_dir(cfg.run_dir) / "eval" / f"{stamp}-{spec.env.name}"
@@ -314,7 +314,7 @@ def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
 
 def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> tuple:
     """Redis, Ray, engines, gateway and env service(s) up, the split played (_play's answer), all down."""
-    from asyncrl.launcher import ComponentFailed, Job, _redis_for, _start_ray
+    from driver.launcher import ComponentFailed, Job, _redis_for, _start_ray
 
     eval_dir = Path(ecfg.run_dir)
     with ExitStack() as stack:
@@ -432,7 +432,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def compose(overrides: list[str]) -> RunConfig:
-    """The run config exactly as `asyncrl.train` composes it (configs/, validated against RunConfig)."""
+    """The run config exactly as `driver.train` composes it (configs/, validated against RunConfig)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     register_configs()
@@ -468,7 +468,7 @@ def spec_from_args(cfg: RunConfig, args: argparse.Namespace) -> EvalSpec:
 def main(argv: Optional[list[str]] = None) -> int:
     code = _main(list(sys.argv[1:] if argv is None else argv))
     if argv is None:  # the command: everything it started is stopped and flushed by now. Skip the
-        logging.shutdown()  # interpreter's finalization, as asyncrl.train does: Ray's C++ core worker holds
+        logging.shutdown()  # interpreter's finalization, as driver.train does: Ray's C++ core worker holds
         sys.stdout.flush()  # the exit ~10 s in its destructors
         sys.stderr.flush()
         os._exit(code)
@@ -496,7 +496,7 @@ def _main(argv: list[str]) -> int:
         log.warning("no experiment= override: configs/config.yaml's defaults apply (e.g. gateway.thinking %s, "
                     "max_new_tokens %d); pass the experiment the weights were trained with for its settings",
                     cfg.gateway.thinking, cfg.rollout.sampling.max_new_tokens)
-    from asyncrl.launcher import ComponentFailed, StopSignals
+    from driver.launcher import ComponentFailed, StopSignals
 
     signals = StopSignals()
     signals.install()

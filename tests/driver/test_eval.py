@@ -7,7 +7,7 @@ from math import comb
 
 import pytest
 
-from asyncrl.evaluate import EvalError, compose, model_dir, parse_args, pass_at_k, spec_from_args, summarize
+from driver.evaluate import EvalError, compose, model_dir, parse_args, pass_at_k, spec_from_args, summarize
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -126,7 +126,7 @@ class FakeServices:
 
 def test_driver_retries_like_the_orchestrator_and_scores_what_the_model_did():
     from asyncrl.config import EnvServiceConfig
-    from asyncrl.evaluate import Driver, EvalSpec
+    from driver.evaluate import Driver, EvalSpec
     import asyncio
 
     cfg = compose(["experiment=tiny_demo", "rollout.sampling.temperature=0.5", "orchestrator.max_attempts=2",

@@ -1,6 +1,6 @@
-"""The `asyncrl` command. Each subcommand lives in the component that implements it and is
-imported by dotted path only when invoked, so `asyncrl --help` is instant and asyncrl never imports
-a component statically (DESIGN.md dependency rule)."""
+"""The `asyncrl` command. Each subcommand lives in the module that implements it (the run layer's or a
+component's) and is imported by dotted path only when invoked, so `asyncrl --help` is instant and a command
+loads only what it runs."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from asyncrl.plugins import load_object
 
 # command words -> (module:function reading sys.argv, one-line help). Added as components land.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("asyncrl.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
-    "eval": ("asyncrl.evaluate:main", "score a checkpoint on an env's held-out tasks: mean reward, pass@k "
+    "train": ("driver.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
+    "eval": ("driver.evaluate:main", "score a checkpoint on an env's held-out tasks: mean reward, pass@k "
              "(experiment=tiny_demo --model PATH)"),
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
     "gateway serve": ("gateway.server:main", "serve the TITO gateway (sessions, OpenAI chat, token-native)"),
-    "watch": ("asyncrl.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
-    "dashboard": ("asyncrl.dashboard.server:main", "web dashboard of a run: curves, services, trajectory browser "
+    "watch": ("driver.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
+    "dashboard": ("driver.dashboard.server:main", "web dashboard of a run: curves, services, trajectory browser "
                   "(--run-dir runs/NAME)"),
     "orchestrator serve": ("orchestrator.server:main", "serve the orchestrator (env registry, scheduler, retries)"),
     "env register": ("orchestrator.cli:register", "register an env service with the orchestrator (it probes /health)"),

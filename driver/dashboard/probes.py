@@ -17,7 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.auth import bearer_headers
-from asyncrl.run_metrics import envs_of
+from orchestrator.run_record import envs_of
 
 PROBE_TIMEOUT_S = 3.0
 ENGINE_GAUGES = {

@@ -17,13 +17,13 @@ import os
 import sys
 from typing import Optional
 
-from asyncrl.dashboard.access import resolve_token
-from asyncrl.dashboard.app import build_app
 from asyncrl.service import serve
-from asyncrl.watch import WatchError, resolve
+from driver.dashboard.access import resolve_token
+from driver.dashboard.app import build_app
+from driver.watch import WatchError, resolve
 
 DEFAULT_PORT = 8390
-log = logging.getLogger("asyncrl.dashboard")
+log = logging.getLogger("driver.dashboard")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from asyncrl.run_metrics import envs_of
-from asyncrl.run_summary import format_duration
+from orchestrator.run_record import envs_of
+from driver.run_summary import format_duration
 
 STALL_AFTER_S = 120.0
 """No step for this long (or 5 median steps, whichever is longer) is reported as a stall, with its reason."""
