@@ -281,6 +281,9 @@ class DynamicSamplingConfig:
     forever; the warnings and the filtered fraction still show it)."""
 
 
+TASK_ORDERS = ("shuffled", "listed")
+
+
 @dataclass
 class OrchestratorConfig:
     host: str = "127.0.0.1"
@@ -317,6 +320,13 @@ class OrchestratorConfig:
     """Episodes running at env services at once, over all envs."""
     max_groups: Optional[int] = None
     """Start at most this many groups in the run, then finish them (evaluation runs, tests); None = forever."""
+    task_split: str = "train"
+    """The split whose tasks groups play (GET /tasks?split=): `train` in training; `asyncrl eval` plays `eval`
+    (the held-out tasks) or whichever split it is asked for."""
+    task_order: str = "shuffled"
+    """`shuffled`: pass after pass over an env's tasks, each in a new seeded order (training); `listed`: one pass in
+    the env's own order, one group per task, then no more groups of that env (`asyncrl eval`; with max_groups,
+    its first tasks)."""
     group_size: int = 8
     """GRPO group: episodes of one task, one gateway session each."""
     max_attempts: int = 3
@@ -381,6 +391,8 @@ class OrchestratorConfig:
 
     def __post_init__(self) -> None:
         _check_gc_sweep_s(self.gc_sweep_s)
+        if self.task_order not in TASK_ORDERS:
+            raise ValueError(f"orchestrator.task_order must be one of {TASK_ORDERS}, got {self.task_order!r}")
 
 
 @dataclass

@@ -4,19 +4,18 @@
         [--split eval] [--samples 8] [--k 1,8] [--tasks N] [--temperature 0] [--out result.json]
     asyncrl eval experiment=tiny_demo model.path=PATH [any other Hydra override]
 
-The config is the run's (Hydra, the same groups and validation as `driver.train`), so the engines,
-the gateway and the env service start exactly as in training (the launcher's own pieces: embedded
-Redis, Ray, `components.engine_group`, the gateway, `components.env_service`) and every episode samples
-at `rollout.sampling` (temperature, top_p, max_new_tokens: the same endpoint and session sampling the
-orchestrator sends, asyncrl/sampling.py). No orchestrator and no trainer run: this driver opens one
-gateway session per episode and posts it to the env service (the env-service protocol), `--samples`
-episodes per task of the split (GET /tasks?split=eval). Failures are retried up to
-`orchestrator.max_attempts` like the orchestrator does, and counted when they persist.
+The config is the run's (Hydra, the same groups and validation as `driver.train`), and so is every
+piece that plays an episode: the launcher starts the engines, the gateway, the orchestrator and the env
+service exactly as in training, and the orchestrator runs every episode's lifecycle (session, dispatch,
+deadline, retries up to `orchestrator.max_attempts`, finish) with the training run's rules. What makes it an
+evaluation is its orchestrator section (`eval_section`): `--samples` episodes per task of the split (a group
+per task, `orchestrator.task_split`), one pass over the env's tasks in its own order, every group recorded,
+and nothing waiting for a trainer (there is none). The result is read from the groups it recorded.
 
 Nothing reaches a training run: the evaluation runs under a name of its own (`<name>-eval-<stamp>`, its
 Redis keys and Ray actor names) with its own embedded Redis under `<run_dir>/eval/<stamp>-<env>/`, where
-the gateway records its trajectories (the `samples` stream; no groups stream is written at all) and
-the services write their logs. The result is JSON (`result.json` there, or `--out`): mean reward,
+the gateway records its trajectories (the `samples` stream) and the orchestrator its groups (the
+`groups` stream, which no trainer reads), and the services write their logs. The result is JSON (`result.json` there, or `--out`): mean reward,
 pass@k for every k asked (the unbiased estimator of Chen et al. 2021, "Evaluating Large Language
 Models Trained on Code": 1 - C(n-c, k) / C(n, k) for n samples of which c pass, averaged over tasks),
 the number of tasks and every task's rewards.
@@ -32,14 +31,15 @@ import os
 import secrets
 import sys
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Optional
 
 from asyncrl.auth import bearer_headers
-from asyncrl.config import CONFIG_DIR, EnvServiceConfig, RunConfig, register_configs, to_dataclass
+from asyncrl.config import CONFIG_DIR, EnvServiceConfig, OrchestratorConfig, RunConfig, register_configs, to_dataclass
 
 log = logging.getLogger("asyncrl.eval")
 
@@ -96,175 +96,6 @@ class EvalError(RuntimeError):
     """The evaluation cannot be run as asked (no such split, no tasks, ...): exit 2 with the message."""
 
 
-@dataclass
-class _Episode:
-    reward: float
-    status: str
-    reason: str
-
-
-class Driver:
-    """Plays every (task, sample) once through a gateway session and an env service, at most
-    `concurrency` at a time, retrying failures like the orchestrator (max_attempts; refusals free)."""
-
-    def __init__(self, cfg: RunConfig, spec: EvalSpec, gateway: str, env_urls: Callable[[], Awaitable[list[str]]],
-                 concurrency: int, transport: Any = None) -> None:
-        import httpx
-
-        self.cfg, self.spec, self.gateway, self.env_urls = cfg, spec, gateway.rstrip("/"), env_urls
-        self.concurrency = max(1, concurrency)
-        timeout_s = max([cfg.orchestrator.episode_timeout_s, *cfg.orchestrator.episode_timeout_s_by_env.values(),
-                         spec.env.episode_timeout_s or 0.0]) + cfg.orchestrator.request_grace_s
-        env_token = cfg.envs.auth_token  # every call to the env services carries it; the gateway's add their own
-        self.http = httpx.AsyncClient(timeout=timeout_s, headers=bearer_headers(env_token),
-                                      limits=httpx.Limits(max_connections=2 * self.concurrency + 8), transport=transport)
-        self.gateway_headers = bearer_headers(cfg.gateway.auth_token)
-        self.urls: list[str] = []
-        self.load: dict[str, int] = {}
-        self.max_turns, self.deadline_s = episode_limits(cfg, spec.env, spec.env.domain)
-        self.done = 0
-
-    async def tasks(self) -> list[str]:
-        """The split's task ids (and the env's domain, for its episode limits)."""
-        from asyncrl.protocols.env_service import InfoResponse, TasksResponse
-
-        self.urls = list(await self.env_urls())
-        url, split, ids = self.urls[0], self.spec.split, []
-        info = await self.http.get(f"{url}/info")
-        info.raise_for_status()
-        domain = InfoResponse.model_validate(info.json()).domain
-        self.max_turns, self.deadline_s = episode_limits(self.cfg, self.spec.env, domain)
-        while True:
-            reply = await self.http.get(f"{url}/tasks", params={"split": split, "offset": len(ids), "limit": 10_000})
-            if reply.status_code == 404 and ids == []:
-                raise EvalError(f"env {self.spec.env.name!r}: {reply.json().get('error', reply.text)}")
-            reply.raise_for_status()
-            page = TasksResponse.model_validate(reply.json())
-            if page.split != split:  # a service built before splits ignores the parameter and lists train
-                raise EvalError(f"env service {self.spec.env.name!r} at {url} serves no splits (it answered "
-                                f"{split!r} with its {page.split!r} tasks); update it, or pass --split train")
-            ids += page.task_ids
-            if not page.task_ids or len(ids) >= page.total:
-                return ids
-
-    async def run(self, task_ids: list[str]) -> tuple[dict[str, list[float]], dict[str, int], dict[str, int]]:
-        """-> (rewards of each task's scored samples in member order, failed samples per task, final reasons)."""
-        gate = asyncio.Semaphore(self.concurrency)
-        played: dict[str, list[Optional[_Episode]]] = {t: [None] * self.spec.samples for t in task_ids}
-        total, started = len(task_ids) * self.spec.samples, time.monotonic()
-
-        async def one(index: int, task_id: str, member: int) -> None:
-            async with gate:
-                played[task_id][member] = await self.play(index, task_id, member)
-            self.done += 1
-            if self.done % max(1, total // 10) == 0 or self.done == total:
-                log.info("eval: %d/%d episodes (%.0f s)", self.done, total, time.monotonic() - started)
-
-        await asyncio.gather(*(one(i, t, m) for i, t in enumerate(task_ids) for m in range(self.spec.samples)))
-        episodes = [e for members in played.values() for e in members if e is not None]
-        reasons = {r: sum(e.reason == r for e in episodes) for r in sorted({e.reason for e in episodes})}
-        rewards = {t: [e.reward for e in members if e is not None and e.status != "failed"]
-                   for t, members in played.items()}
-        failed = {t: sum(e is not None and e.status == "failed" for e in members) for t, members in played.items()}
-        return rewards, failed, reasons
-
-    async def play(self, index: int, task_id: str, member: int) -> _Episode:
-        from asyncrl.protocols.env_service import EpisodeRequest, EpisodeResponse, LLMEndpoint, OutcomeClass
-        from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest
-        from asyncrl.sampling import endpoint_sampling, session_sampling
-
-        cfg, o = self.cfg, self.cfg.orchestrator
-        seed = (cfg.seed * 1_000_003 + index) * self.spec.samples + member  # as the orchestrator seeds members
-        failures, attempt, error, response = 0, 0, "", None
-        while failures < o.max_attempts:
-            attempt += 1
-            episode_id = f"eval-{index:05d}-m{member}-a{attempt}"
-            session = CreateSessionRequest(group_id=f"eval-{index:05d}", task_id=task_id, env=self.spec.env.name,
-                                           metadata={"episode_id": episode_id, "member": member, "seed": seed,
-                                                     "eval": True, "split": self.spec.split},
-                                           sampling=session_sampling(cfg.rollout.sampling, seed))
-            opened = await self._gateway("POST", "/sessions", session.model_dump(), expect=201)
-            url = self._pick()
-            request = EpisodeRequest(episode_id=episode_id, task_id=task_id, seed=seed, max_turns=self.max_turns,
-                                     deadline_s=self.deadline_s,
-                                     llm=LLMEndpoint(base_url=opened["base_url"], model=o.model_name,
-                                                     api_key=opened.get("api_key"),
-                                                     sampling=endpoint_sampling(cfg.rollout.sampling)))
-            response, refused = None, False
-            self.load[url] = self.load.get(url, 0) + 1
-            try:
-                reply = await self.http.post(f"{url}/episodes", json=request.model_dump(mode="json"))
-                if reply.status_code in (429, 503):
-                    refused, error = True, f"{reply.status_code} {reply.text[:200]}"
-                elif reply.status_code != 200:
-                    error = f"{reply.status_code} {reply.text[:500]}"
-                else:
-                    response = EpisodeResponse.model_validate(reply.json())
-            except Exception as err:  # noqa: BLE001 - unreachable, timed out, malformed: a failed attempt
-                error = f"{type(err).__name__}: {err}"
-                await self._refresh_urls()  # a restarted service binds a new port
-            finally:
-                self.load[url] -= 1
-            sid = opened["session_id"]
-            if response is not None and response.outcome is OutcomeClass.model:
-                finish = FinishSessionRequest(reward=response.reward, status=response.status.value,
-                                              info={"num_turns": response.num_turns, **response.info})
-                if await self._gateway("POST", f"/sessions/{sid}/finish", finish.model_dump(), expect=200) is None:
-                    log.warning("eval episode %s: the gateway lost its session; playing it again", episode_id)
-                    continue  # as the orchestrator does (session_lost): not a failure of the episode
-                return _Episode(response.reward, response.status.value, response.reason.value)
-            if response is not None:
-                error = f"{response.reason.value}: {response.info.get('error', '')}"
-            last = not refused and failures + 1 >= o.max_attempts
-            status = "failed" if last else "aborted"
-            await self._gateway("POST", f"/sessions/{sid}/finish",
-                                FinishSessionRequest(status=status, info={"error": error[:2000]}).model_dump(),
-                                expect=200)
-            if refused:
-                await asyncio.sleep(0.25)
-                continue
-            failures += 1
-            log.warning("eval episode %s (%s) failed (%d/%d): %s", episode_id, task_id, failures, o.max_attempts,
-                        error[:300])
-        reason = response.reason.value if response is not None else "service_error"
-        return _Episode(0.0, "failed", reason)
-
-    async def _refresh_urls(self) -> None:
-        try:
-            self.urls = list(await self.env_urls())
-        except Exception as err:  # noqa: BLE001 - not bound yet (restarting): keep the old ones for now
-            log.warning("eval: env service URLs not readable (%s); retrying with the old ones", err)
-
-    def _pick(self) -> str:
-        """The least loaded replica."""
-        return min(self.urls, key=lambda u: self.load.get(u, 0))
-
-    async def _gateway(self, method: str, path: str, body: dict, expect: int) -> Optional[dict]:
-        """The reply; None for a finish of a session the gateway no longer knows (404: it restarted)."""
-        delay = 0.2
-        for _ in range(20):  # a restarting gateway: wait for it, as the orchestrator does
-            try:
-                reply = await self.http.request(method, self.gateway + path, json=body, headers=self.gateway_headers)
-                if reply.status_code == expect:
-                    return reply.json()
-                if reply.status_code == 404 and path.endswith("/finish"):
-                    return None
-                if reply.status_code < 500 and reply.status_code != 429:
-                    raise EvalError(f"gateway refused {method} {path}: {reply.status_code} {reply.text[:500]}")
-                problem = f"{reply.status_code} {reply.text[:200]}"
-            except EvalError:
-                raise
-            except Exception as err:  # noqa: BLE001 - transport errors are retried
-                problem = f"{type(err).__name__}: {err}"
-            log.warning("gateway %s %s failed (%s); retrying in %.1fs", method, path, problem, delay)
-            await asyncio.sleep(delay)
-            delay = min(5.0, delay * 2)
-        raise EvalError(f"gateway {method} {path} kept failing: {problem}")
-
-    async def close(self) -> None:
-        await self.http.aclose()
-
-
 # Running it ---------------------------------------------------------------------------------------
 def model_dir(path: str) -> str:
     """An HF checkpoint directory (config.json); a trainer checkpoint's directory (model/) is taken too."""
@@ -312,9 +143,38 @@ def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
                    envs=replace(cfg.envs, services={spec.env.name: spec.env}), redis=replace(cfg.redis, data_dir=None))
 
 
-def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> tuple:
-    """Redis, Ray, engines, gateway and env service(s) up, the split played (_play's answer), all down."""
-    from driver.launcher import ComponentFailed, Job, _redis_for, _start_ray
+def eval_section(section: OrchestratorConfig, spec: EvalSpec) -> OrchestratorConfig:
+    """The orchestrator of an evaluation: the training run's section, so every rule of an episode's lifecycle
+    (sessions, dispatch, limits, retries, finish) is the one training uses, with what makes it an evaluation:
+    `spec.samples` episodes per task of `spec.split`, one pass in the env's order (its first `spec.num_tasks`
+    tasks), every group recorded (no dynamic sampling), no trainer to wait for (no staleness or
+    unconsumed-groups backpressure), and every deadline the run's episode_timeout_s (a few hundred episodes
+    are too few to size one from)."""
+    return replace(section, group_size=spec.samples, max_groups=spec.num_tasks, task_split=spec.split,
+                   task_order="listed", staleness_limit=None, max_unconsumed_groups=0,
+                   dynamic_sampling=replace(section.dynamic_sampling, enabled=False),
+                   episode_deadline=replace(section.episode_deadline, factor=0.0))
+
+
+@dataclass
+class Played:
+    """A played split: what the result JSON reports."""
+
+    rewards: dict[str, list[float]]
+    """Task -> the rewards of its scored samples, in member order (given-up members left out)."""
+    failed: dict[str, int]
+    """Task -> members given up."""
+    reasons: dict[str, int]
+    """How the episodes ended (completed, max_turns, env_error, ...), each counted once."""
+    n_available: int
+    """Tasks the split has (n_tasks can be fewer: --tasks)."""
+    max_turns: Optional[int]
+    deadline_s: Optional[float]
+
+
+def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> Played:
+    """Redis, Ray, engines, gateway, orchestrator and env service(s) up, the split played, all down."""
+    from driver.launcher import ComponentFailed, Job, _redis_for, _start_ray, orchestrator_section
 
     eval_dir = Path(ecfg.run_dir)
     with ExitStack() as stack:
@@ -331,17 +191,19 @@ def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any)
             job = Job(ecfg, eval_dir, redis_url, embedded)
             job._guard("engines", lambda: job._start_engines(model))
             gateway = job._guard("gateway", job._start_gateway)
-            urls = [job._guard(f"env service {spec.env.name}", lambda r=r: job._start_env(spec.env, r, None))
+            section = eval_section(orchestrator_section(ecfg, redis_url, gateway), spec)
+            orchestrator = job._guard("orchestrator", lambda: job._start_orchestrator(gateway, section))
+            urls = [job._guard(f"env service {spec.env.name}", lambda r=r: job._start_env(spec.env, r, orchestrator))
                     for r in range(spec.env.num_replicas)]
-            log.info("eval %s: model %s, env %s (%d service(s)), gateway %s; logs under %s", ecfg.name, model,
-                     spec.env.name, len(urls), gateway, eval_dir)
-            handles = [job.services[f"env-{spec.env.name}-{r}"] for r in range(spec.env.num_replicas)]
-
-            async def env_urls() -> list[str]:
-                return [await h.url.remote() for h in handles]
-
-            concurrency = min(ecfg.orchestrator.max_in_flight, spec.env.capacity * spec.env.num_replicas)
-            played = asyncio.run(_play(ecfg, spec, gateway, env_urls, concurrency))
+            log.info("eval %s: model %s, env %s (%d service(s)), gateway %s, orchestrator %s; logs under %s",
+                     ecfg.name, model, spec.env.name, len(urls), gateway, orchestrator, eval_dir)
+            task_ids = asyncio.run(_list_tasks(ecfg, spec, urls[0]))
+            tasks = task_ids[:spec.num_tasks] if spec.num_tasks else task_ids
+            log.info("eval: %d %s tasks of %s x %d samples", len(tasks), spec.split, spec.env.name, spec.samples)
+            _await_groups(job, len(tasks))
+            played = asyncio.run(_read_played(redis_url, ecfg.name, tasks))
+            played.n_available = len(task_ids)
+            played.max_turns, played.deadline_s = _limits(ecfg, orchestrator, spec.env.name)
             interrupted = False
         finally:
             if signals is not None:
@@ -351,21 +213,99 @@ def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any)
     return played
 
 
-def _result(cfg: RunConfig, ecfg: RunConfig, spec: EvalSpec, model: str, played: tuple, wall_s: float
+async def _list_tasks(cfg: RunConfig, spec: EvalSpec, env_url: str) -> list[str]:
+    """The split's task ids, as the orchestrator lists them (orchestrator.envclient)."""
+    from orchestrator.envclient import EnvClient
+    from orchestrator.http import HTTPFailure, client_session
+
+    async with client_session() as http:
+        try:
+            task_ids = await EnvClient(http, cfg.envs.auth_token).tasks(env_url, spec.split)
+        except (ValueError, HTTPFailure) as err:  # an unknown split (404), a service without splits
+            raise EvalError(f"env {spec.env.name!r}: {err}") from err
+    if not task_ids:
+        raise EvalError(f"env {spec.env.name!r} lists no {spec.split!r} tasks")
+    if spec.num_tasks is not None and spec.num_tasks > len(task_ids):
+        log.warning("--tasks %d: the %s split of %s has only %d tasks; evaluating all of them", spec.num_tasks,
+                    spec.split, spec.env.name, len(task_ids))
+    return task_ids
+
+
+def _await_groups(job: Any, expected: int) -> None:
+    """Until the orchestrator has recorded a group for every task; a component that cannot be brought back
+    fails the evaluation, as it fails a run."""
+    from asyncrl.store import store_call
+    from driver.launcher import SERVICE_CHECK_EVERY_S
+
+    started = last_check = time.monotonic()
+    reported = 0
+    while True:
+        done = store_call(job.redis_url, job.cfg.name, lambda s: s.redis.xlen(s.key("groups")))
+        if done >= expected or done >= reported + max(1, expected // 10):
+            log.info("eval: %d/%d tasks played (%.0f s)", done, expected, time.monotonic() - started)
+            reported = done
+        if done >= expected:
+            return
+        job._revive_redis()
+        if time.monotonic() - last_check > SERVICE_CHECK_EVERY_S:
+            last_check = time.monotonic()
+            job._check_services()
+        time.sleep(1.0)
+
+
+async def _read_played(redis_url: str, name: str, tasks: list[str]) -> Played:
+    """Each task's rewards, failures and end reasons, from the groups the orchestrator recorded and their
+    samples (a member is its session's samples; a member given up has a `failed` one, or none when no
+    session could be opened for it)."""
+    from asyncrl.store import Store
+    from asyncrl.types import GroupRecord
+
+    store = Store.connect(redis_url, name)
+    try:
+        records = [GroupRecord.decode(f) for _, f in await store.redis.xrange(store.key("groups"))]
+        rewards, failed, reasons = {t: [] for t in tasks}, dict.fromkeys(tasks, 0), Counter()
+        for record in records:
+            members = {}  # session id -> the member's first segment (its segments share reward and status)
+            for sample in await store.get_samples(record.sample_refs):
+                members.setdefault(sample.session_id, sample)
+            for member in members.values():
+                reasons[member.outcome_reason or "unknown"] += 1
+                if member.status == "failed":
+                    failed[record.task_id] += 1
+                else:
+                    rewards[record.task_id].append(member.reward)
+            unrecorded = record.group_size - len(members)
+            failed[record.task_id] += unrecorded
+            reasons["no_session"] += unrecorded
+        return Played(rewards, failed, {r: n for r, n in sorted(reasons.items()) if n}, len(tasks), None, None)
+    finally:
+        await store.close()
+
+
+def _limits(cfg: RunConfig, orchestrator: str, env: str) -> tuple[Optional[int], Optional[float]]:
+    """(max_turns, deadline_s) the orchestrator gave the env's episodes (its /v1/status)."""
+    import httpx
+
+    reply = httpx.get(f"{orchestrator}/v1/status", headers=bearer_headers(cfg.orchestrator.auth_token), timeout=30)
+    reply.raise_for_status()
+    stats = reply.json()["by_env"].get(env, {})
+    return stats.get("max_turns"), stats.get("deadline_s")
+
+
+def _result(cfg: RunConfig, ecfg: RunConfig, spec: EvalSpec, model: str, played: Played, wall_s: float
             ) -> dict[str, Any]:
     """The result JSON of a played split (`cfg`: the run's config as given, `ecfg`: the evaluation's)."""
-    rewards, failed, reasons, n_available, (max_turns, deadline_s) = played
-    summary = summarize(rewards, spec.ks, spec.pass_threshold, failed)
+    summary = summarize(played.rewards, spec.ks, spec.pass_threshold, played.failed)
     return {
         "model": model, "env": spec.env.name, "env_target": spec.env.target, "split": spec.split,
-        "n_tasks": len(rewards), "n_tasks_available": n_available, "samples_per_task": spec.samples, "k": spec.ks,
-        "mean_reward": summary["mean_reward"], "pass_at_k": summary["pass_at_k"],
+        "n_tasks": len(played.rewards), "n_tasks_available": played.n_available, "samples_per_task": spec.samples,
+        "k": spec.ks, "mean_reward": summary["mean_reward"], "pass_at_k": summary["pass_at_k"],
         "pass_at_k_tasks": summary["pass_at_k_tasks"], "pass_threshold": spec.pass_threshold,
-        "episodes": summary["episodes"], "failed_episodes": summary["failed_episodes"], "reasons": reasons,
-        "sampling": asdict(cfg.rollout.sampling), "max_turns": max_turns, "episode_timeout_s": deadline_s,
-        "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name, "eval_dir": ecfg.run_dir,
-        "wall_s": round(wall_s, 1), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tasks": summary["tasks"],
+        "episodes": summary["episodes"], "failed_episodes": summary["failed_episodes"], "reasons": played.reasons,
+        "sampling": asdict(cfg.rollout.sampling), "max_turns": played.max_turns,
+        "episode_timeout_s": played.deadline_s, "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name,
+        "eval_dir": ecfg.run_dir, "wall_s": round(wall_s, 1),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "tasks": summary["tasks"],
     }
 
 
@@ -373,38 +313,6 @@ def _log_to(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger().addHandler(handler)
-
-
-def episode_limits(cfg: RunConfig, env: EnvServiceConfig, domain: str) -> tuple[int, float]:
-    """(max_turns, deadline_s) of the env's episodes, as the orchestrator sends them in training: the env
-    service's own setting, else orchestrator.*_by_env by env name then by domain, else the run's."""
-    o = cfg.orchestrator
-
-    def pick(own, by_env: dict, default):
-        return own if own is not None else by_env.get(env.name, by_env.get(domain, default))
-
-    return (pick(env.max_turns, o.max_turns_by_env, o.max_turns),
-            pick(env.episode_timeout_s, o.episode_timeout_s_by_env, o.episode_timeout_s))
-
-
-async def _play(cfg: RunConfig, spec: EvalSpec, gateway: str, env_urls, concurrency: int):
-    driver = Driver(cfg, spec, gateway, env_urls, concurrency)
-    try:
-        task_ids = await driver.tasks()
-        if not task_ids:
-            raise EvalError(f"env {spec.env.name!r} lists no {spec.split!r} tasks")
-        n_available = len(task_ids)
-        if spec.num_tasks is not None:
-            if spec.num_tasks > n_available:
-                log.warning("--tasks %d: the %s split of %s has only %d tasks; evaluating all of them", spec.num_tasks,
-                            spec.split, spec.env.name, n_available)
-            task_ids = task_ids[:spec.num_tasks]
-        log.info("eval: %d %s tasks of %s x %d samples, at most %d episodes at once", len(task_ids), spec.split,
-                 spec.env.name, spec.samples, concurrency)
-        rewards, failed, reasons = await driver.run(task_ids)
-        return rewards, failed, reasons, n_available, (driver.max_turns, driver.deadline_s)
-    finally:
-        await driver.close()
 
 
 # Command line -------------------------------------------------------------------------------------

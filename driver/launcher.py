@@ -402,12 +402,13 @@ class Job:
                                       self.cfg.cluster.placement.gateway, env, g.port + i if g.port else 0)
                         for i in range(g.replicas))
 
-    def _start_orchestrator(self, gateway: str) -> str:
+    def _start_orchestrator(self, gateway: str, section: Optional[OrchestratorConfig] = None) -> str:
+        """The orchestrator, with its resolved section (None: the training run's, orchestrator_section)."""
         cfg = self.cfg
         env = {**_token_env("ASYNCRL_ORCHESTRATOR_TOKEN", cfg.orchestrator.auth_token),
                **_token_env("ASYNCRL_GATEWAY_TOKEN", cfg.gateway.auth_token),
                **_token_env(SERVICE_TOKEN_ENV, cfg.envs.auth_token)}
-        args = write_config(self.run_dir, "orchestrator", orchestrator_section(cfg, self.redis_url, gateway))
+        args = write_config(self.run_dir, "orchestrator", section or orchestrator_section(cfg, self.redis_url, gateway))
         return self._service("orchestrator", cfg.components.orchestrator, args, cfg.cluster.placement.orchestrator,
                              env, cfg.orchestrator.port)
 

@@ -178,7 +178,9 @@ class Orchestrator:
 
     def _new_groups_allowed(self, env: str) -> bool:
         limit = self.cfg.max_groups
+        tasks = self.scheduler.queues[env].tasks
         return ((limit is None or self.counters.ordinal < limit) and not self._awaiting()
+                and (tasks is None or tasks.has(self.counters.cursors.get(env, 0)))
                 and not self.backpressure.reasons([env]))
 
     def _start_group(self, q: EnvQueue, now: float, trigger: float) -> None:
@@ -262,8 +264,10 @@ class Orchestrator:
         """(max_turns, deadline_s) of an episode at `service`: its env's setting (`max_turns_by_env`,
         `episode_timeout_s_by_env`, by env name, else by domain), else the run's max_turns and the deadline
         sized from the env's episodes (orchestrator/deadlines.py)."""
-        return (_by_env(self.cfg.max_turns_by_env, service.name, service.domain, self.cfg.max_turns),
-                self.deadline_s(service.name, service.domain))
+        return self.max_turns(service.name, service.domain), self.deadline_s(service.name, service.domain)
+
+    def max_turns(self, env: str, domain: str) -> int:
+        return _by_env(self.cfg.max_turns_by_env, env, domain, self.cfg.max_turns)
 
     def deadline_s(self, env: str, domain: str) -> float:
         return _by_env(self.cfg.episode_timeout_s_by_env, env, domain, self.deadlines.deadline_s(env))
@@ -457,7 +461,7 @@ class Orchestrator:
                                      groups_unusable=c["unusable"],
                                      healthy_services=q.healthy_services(), weight=q.weight,
                                      groups_open=open_groups.get(name, 0), held=self.backpressure.reasons([name]),
-                                     deadline_s=self.deadline_s(name, q.domain),
+                                     deadline_s=self.deadline_s(name, q.domain), max_turns=self.max_turns(name, q.domain),
                                      outcomes=by_class(self.counters.outcomes[name]))
         return StatusResponse(
             in_flight=self.scheduler.in_flight, settling=self.settling, queued=self.scheduler.queued,

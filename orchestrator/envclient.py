@@ -73,12 +73,15 @@ class EnvClient:
         return InfoResponse.model_validate(await self._get(f"{url}/info"))
 
     async def tasks(self, url: str, split: str = "train") -> list[str]:
-        """Every task id of `split`, paging through GET /tasks. The orchestrator trains on the train split
-        only (held-out tasks are for `asyncrl eval`); services built before splits ignore the parameter."""
+        """Every task id of `split`, paging through GET /tasks (orchestrator.task_split: train in training,
+        the held-out split under `asyncrl eval`); services built before splits ignore the parameter."""
         task_ids: list[str] = []
         while True:
             page = TasksResponse.model_validate(
                 await self._get(f"{url}/tasks?split={split}&offset={len(task_ids)}&limit={TASK_PAGE}"))
+            if page.split != split:
+                raise ValueError(f"the env service at {url} serves no splits: it answered split {split!r} with its "
+                                 f"{page.split!r} tasks (update it, or play its {page.split!r} split)")
             task_ids += page.task_ids
             if not page.task_ids or len(task_ids) >= page.total:
                 return task_ids

@@ -94,19 +94,24 @@ class Group:
 
 
 class TaskOrder:
-    """The tasks of one env in a seeded order: epoch e is a shuffle by (seed, env, e), cycled forever.
+    """The tasks of one env in a seeded order: epoch e is a shuffle by (seed, env, e), cycled forever
+    (`shuffled`), or one pass in the env's own order (`listed`: evaluation plays every task once).
     Position n of the order is what the n-th group of that env plays, so a restart that keeps the
     cursor continues the same sequence."""
 
-    def __init__(self, env: str, task_ids: list[str], seed: int) -> None:
+    def __init__(self, env: str, task_ids: list[str], seed: int, order: str = "shuffled") -> None:
         if not task_ids:
             raise ValueError(f"env {env!r} lists no tasks")
-        self.env, self.task_ids, self.seed = env, list(task_ids), seed
+        self.env, self.task_ids, self.seed, self.shuffled = env, list(task_ids), seed, order == "shuffled"
         self._epoch, self._order = -1, self.task_ids
+
+    def has(self, position: int) -> bool:
+        """Whether the order goes on to `position` (a listed one ends after its tasks)."""
+        return self.shuffled or position < len(self.task_ids)
 
     def __getitem__(self, position: int) -> str:
         epoch, offset = divmod(position, len(self.task_ids))
-        if epoch != self._epoch:
+        if self.shuffled and epoch != self._epoch:
             self._order = list(self.task_ids)
             random.Random(f"{self.seed}:{self.env}:{epoch}").shuffle(self._order)
             self._epoch = epoch

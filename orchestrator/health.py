@@ -72,7 +72,9 @@ class HealthMonitor:
         try:
             for service in [s for s in q.services.values() if s.healthy and not s.removed]:
                 try:
-                    q.tasks = TaskOrder(q.name, await self.orch.envs.tasks(service.url), self.orch.cfg.seed)
+                    cfg = self.orch.cfg
+                    q.tasks = TaskOrder(q.name, await self.orch.envs.tasks(service.url, cfg.task_split), cfg.seed,
+                                        cfg.task_order)
                 except (HTTPFailure, ValueError) as err:
                     log.warning("env %s: reading tasks from %s failed: %s", q.name, service.url, err)
                     continue

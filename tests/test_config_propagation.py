@@ -31,6 +31,7 @@ ENGINE_URL = "http://127.0.0.1:9/engine"
 FIXED: dict[str, Any] = {
     "gateway.host": "localhost",  # an address of this machine, other than the default 127.0.0.1
     "orchestrator.host": "localhost",
+    "orchestrator.task_order": "listed",  # one of two orders (default shuffled)
     "gateway.port": free_port(),  # a port that is free (default 0: any free port)
     "gateway.replicas": 2,  # two gateways (the second on gateway.port + 1), each given its section
     "orchestrator.port": free_port(),

@@ -75,8 +75,8 @@ def test_eval_scores_warmed_up_weights_above_random_init(tmp_path, tiny_arch):
         # binary rewards, n samples of every task: pass@1 is the mean reward, pass@n the share of tasks solved once
         assert passes[0] == pytest.approx(result["mean_reward"])
         assert passes[-1] == pytest.approx(sum(t["passed"] > 0 for t in tasks) / TASKS)
-    # its own namespace and Redis: the gateway recorded every episode there, and no groups stream exists
+    # its own namespace and Redis: the gateway recorded every episode there, its orchestrator every group
     keys = recorded_keys(trained_result["eval_dir"], tmp_path)
     prefix = f"asyncrl:{trained_result['eval_name']}:"
     assert trained_result["eval_name"].startswith("tiny_demo-eval-") and all(k.startswith(prefix) for k in keys), keys
-    assert f"{prefix}samples" in keys and not any(k.endswith(":groups") for k in keys)
+    assert f"{prefix}samples" in keys and f"{prefix}groups" in keys

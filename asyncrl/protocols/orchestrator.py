@@ -105,6 +105,8 @@ class EnvStatus(BaseModel):
     deadline_s: Optional[float] = None
     """deadline_s of the env's next episodes: its own episode_timeout_s, else sized from its episode durations
     (orchestrator/deadlines.py), else the run's episode_timeout_s."""
+    max_turns: Optional[int] = None
+    """max_turns of the env's episodes (its own setting, else the run's)."""
     outcomes: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Attempts that ended, by outcome class then reason (model: trained, once per member; environment,
     infrastructure: one per failed attempt, retried or given up), e.g. {"infrastructure": {"deadline_exceeded": 2}}."""

@@ -23,8 +23,11 @@ class TimedEnv(Environment):
 
     def __init__(self, sleep_s: float = 0.2, llm_turns: int = 0, num_tasks: int = 50, journal: str = "",
                  broken: bool = False, jitter: float = 0.0, stalled_members: int = 0, group_size: int = 1,
-                 stall_s: float = 60.0, reward_rule: str = "reply"):
+                 stall_s: float = 60.0, reward_rule: str = "reply", eval_tasks: int = 0):
         self.sleep_s, self.llm_turns, self.num_tasks, self.broken = sleep_s, llm_turns, num_tasks, broken
+        self.eval_tasks = eval_tasks
+        """Held-out tasks (`eval` split, ids e-0000, ...); 0: the env serves the train split only."""
+        self.splits = ("train", "eval") if eval_tasks else ("train",)
         """broken: every episode raises after its sleep (the service reports status failed)."""
         self.jitter = jitter
         """Sleep uniformly in sleep_s * (1 +- jitter), drawn from the episode seed (desynchronises load)."""
@@ -44,8 +47,9 @@ class TimedEnv(Environment):
             with self.journal.open("a") as f:
                 f.write(json.dumps(entry) + "\n")
 
-    async def list_tasks(self) -> list[str]:
-        return [f"t-{i:04d}" for i in range(self.num_tasks)]
+    async def list_tasks(self, split: str = "train") -> list[str]:
+        return [f"e-{i:04d}" for i in range(self.eval_tasks)] if split == "eval" else \
+            [f"t-{i:04d}" for i in range(self.num_tasks)]
 
     async def run_episode(self, task_id, llm, sandbox, ctx) -> EpisodeResult:
         base_url = str(llm.base_url)
