@@ -19,6 +19,7 @@ from typing import Any, Optional, TypeVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from asyncrl.model.config import ModelConfig
+from asyncrl.sampling import is_truncating
 
 
 @dataclass
@@ -54,13 +55,6 @@ class ModelSection:
     """Compute dtype on CPU engines and the torch trainer: float32 or bfloat16."""
 
 
-TRUNCATING_SAMPLING = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "min_new_tokens": 0}
-"""SGLang sampling fields that restrict which tokens can be drawn, with the value that restricts nothing
-(top_k 0 also disables). Engines report, and the trainer recomputes, log-probs of the untruncated
-tempered distribution, so a truncated draw makes the importance ratio off by the kept probability mass
-(docs/trainer.md "Sampling and the ratios")."""
-
-
 @dataclass
 class SamplingConfig:
     """Default sampling of rollout turns. Every field reaches the gateway session of each episode (its
@@ -90,15 +84,6 @@ class SamplingConfig:
                              "draw from, but the trainer's ratios use the untruncated one; set "
                              "rollout.sampling.allow_truncation=true to accept that mismatch (docs/trainer.md "
                              "\"Sampling and the ratios\")")
-
-
-def is_truncating(name: str, value: Any) -> bool:
-    """Whether `value` of sampling field `name` restricts the drawable tokens (TRUNCATING_SAMPLING)."""
-    if value is None or name not in TRUNCATING_SAMPLING:
-        return False
-    if name == "top_k":
-        return value > 0
-    return value != TRUNCATING_SAMPLING[name]
 
 
 ENGINE_API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"

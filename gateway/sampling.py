@@ -1,17 +1,7 @@
-"""A turn's sampling parameters, as they bear on the log-probs the trainer compares against.
-
-Engines report each token's log-prob under log_softmax(logits / T) of the untruncated distribution (T
-taken as 1 for a greedy request), and the trainer recomputes exactly that from the temperature the
-gateway records per token (Sample.temperatures). Two kinds of parameters break that, and `check_sampling`
-is the one place that refuses them, for every API (chat, streamed chat, token-native), with a 400 naming
-the field and why, before the turn touches the session:
-
-  * truncation (top_p, top_k, min_p, min_new_tokens) changes what is drawn but not what is reported:
-    refused unless the session allows it (SessionSampling.allow_truncation);
-  * reshaping or constraining the distribution (frequency / presence / repetition penalties, logit_bias,
-    structured output: OpenAI's response_format, SGLang's json_schema / regex / ebnf / structural_tag,
-    custom logit processors): the tokens would be drawn from a distribution the trainer does not
-    recompute (and, with a constraint, mostly cannot), so no session policy allows them.
+"""The gateway's check of a turn's sampling parameters, by the policy of asyncrl/sampling.py: the one place
+that refuses what the trainer could not reproduce, for every API (chat, streamed chat, token-native), with a
+400 naming the field and why, before the turn touches the session. Truncation is refused unless the session
+allows it (SessionSampling.allow_truncation); reshaping or constraining fields always are.
 
 A field at its neutral value (frequency_penalty 0, logit_bias {}, response_format {"type": "text"}) is
 honoured trivially and not sent to the engine. Token-native callers send SGLang sampling params verbatim:
@@ -20,48 +10,17 @@ a key the gateway does not know is refused too, rather than forwarded to an engi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from asyncrl.config import TRUNCATING_SAMPLING, is_truncating
 from asyncrl.protocols.engine import SamplingParams
+from asyncrl.sampling import RESHAPING_SAMPLING, TRUNCATING_SAMPLING, is_truncating
 
 
 class SamplingPolicyError(ValueError):
     """A turn asks for sampling whose log-probs the trainer would not reproduce (400)."""
 
-
-def _is(neutral: Any) -> Callable[[Any], bool]:
-    return lambda value: value == neutral
-
-
-def _empty(value: Any) -> bool:
-    return not value
-
-
-def _plain_text(value: Any) -> bool:
-    return not value or (isinstance(value, Mapping) and value.get("type") == "text" and len(value) == 1)
-
-
-_PENALTY = "a penalty reshapes the next-token distribution by what was generated before"
-_CONSTRAINT = ("structured output needs constrained decoding, which masks the distribution at every step "
-               "(honouring the field without the mask would not give its guarantee)")
-RESHAPING_SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "frequency_penalty": (_is(0), _PENALTY),
-    "presence_penalty": (_is(0), _PENALTY),
-    "repetition_penalty": (_is(1), _PENALTY),
-    "logit_bias": (_empty, "a logit bias shifts the next-token distribution"),
-    "response_format": (_plain_text, _CONSTRAINT),
-    "json_schema": (_empty, _CONSTRAINT),
-    "regex": (_empty, _CONSTRAINT),
-    "ebnf": (_empty, _CONSTRAINT),
-    "structural_tag": (_empty, _CONSTRAINT),
-    "custom_params": (_empty, "custom logit processors change the next-token distribution"),
-}
-"""Fields that change the distribution tokens are drawn from, each with its neutral value (what its absence
-means) and why it is refused. Chat requests reach here under OpenAI's names (response_format), token-native
-ones under SGLang's."""
 
 ENGINE_SAMPLING = frozenset({
     "temperature", "top_p", "top_k", "min_p", "min_new_tokens", "max_new_tokens", "stop", "stop_token_ids",
@@ -110,11 +69,3 @@ def _check_types(params: Mapping[str, Any]) -> None:
     except ValidationError as err:
         raise SamplingPolicyError("; ".join(f"sampling_params.{'.'.join(map(str, e['loc']))}: {e['msg']} (got "
                                             f"{repr(e['input'])[:80]})" for e in err.errors())) from None
-
-
-def logprob_temperature(params: Mapping[str, Any]) -> float:
-    """The temperature of the distribution the engine's reported log-probs come from (1 for greedy)."""
-    temperature = params.get("temperature")
-    if temperature is None:
-        return 1.0  # SGLang's default
-    return float(temperature) if temperature > 0 else 1.0

@@ -29,8 +29,8 @@ import orjson
 from asyncrl.chat_template import GlmChatTemplate, appended_messages
 from asyncrl.protocols.gateway import (CreateSessionRequest, SegmentRecord, SessionRecord, SessionStatus,
                                        TurnRecord)
+from asyncrl.sampling import logprob_temperature
 from gateway.errors import SessionClosedError
-from gateway.sampling import logprob_temperature
 
 
 class PrefixInvariantError(RuntimeError):
@@ -282,7 +282,7 @@ class Session:
         elif segment is not self.segments[-1] or len(segment.tokens) != turn.base_len:
             raise PrefixInvariantError(f"session {self.id[:8]}...: segment changed while a turn was generated")
         segment.append(turn.new_ids)
-        temperature = logprob_temperature(turn.sampling)
+        temperature = logprob_temperature(turn.sampling.get("temperature"))
         recorded = {k: v for k, v in turn.sampling.items() if k != "max_new_tokens"}  # the budget shrinks per call
         for call in turn.calls:
             if call.forced:  # prompt tokens of the next call: no TurnRecord of their own

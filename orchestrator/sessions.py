@@ -28,9 +28,9 @@ from asyncrl.config import OrchestratorConfig
 from asyncrl.plugins import load_plugin
 from asyncrl.protocols.env_service import LLMEndpoint
 from asyncrl.protocols.gateway import CreateSessionRequest, FinishSessionRequest
-from asyncrl.sampling import endpoint_sampling, session_sampling  # noqa: F401 - also asyncrl eval's (one path)
 from orchestrator.groups import Group, Member
 from orchestrator.http import HTTPFailure, request_json
+from orchestrator.sampling import endpoint_sampling, session_sampling
 
 log = logging.getLogger("orchestrator.sessions")
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from asyncrl.model.batch import ForwardBatch
+from asyncrl.sampling import logprob_temperature
 from rollout.drafting import DraftForward, Drafter
 from rollout.prefix_cache import RadixCache
 from rollout.request import Req
@@ -400,7 +401,7 @@ class Scheduler:
             req.input_logprobs.append(None)
             req.input_top_logprobs.append(None)
         targets = torch.tensor(req.prompt[first_scored:first_scored + logits.shape[0]], dtype=torch.long)
-        temperature = req.item.sampling.temperature or 1.0
+        temperature = logprob_temperature(req.item.sampling.temperature)
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         req.input_logprobs.extend(logprobs.gather(-1, targets[:, None]).squeeze(-1).tolist())
         if req.item.top_logprobs_num > 0:

@@ -15,7 +15,7 @@ from envs.sdk.base import EpisodeContext
 from gateway.openai_api import chat_sampling, turn_sampling
 from gateway.sampling import check_sampling
 from orchestrator.server import parse_args
-from orchestrator.sessions import endpoint_sampling, session_sampling
+from orchestrator.sampling import endpoint_sampling, session_sampling
 from tests.services import ROOT
 
 VALUES = {"temperature": 0.6, "top_p": 0.85, "top_k": 7, "min_p": 0.05, "max_new_tokens": 33, "allow_truncation": True}

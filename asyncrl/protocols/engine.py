@@ -21,14 +21,13 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from asyncrl.protocols.fields import LongIds
+from asyncrl.sampling import RESHAPING_SAMPLING, is_greedy
 
 Float = Annotated[float, Strict()]
 """A JSON number (an integer too), never a string or a boolean."""
 TokenId = Annotated[int, Strict(), Field(ge=0)]
 MAX_SEED = 2 ** 64 - 1
 """Seeds are unsigned 64-bit (the sampler's counter-based generator)."""
-GREEDY_TEMPERATURE = 1e-6
-"""A temperature below this samples greedily (SGLang's _SAMPLING_EPS): dividing logits by it overflows."""
 MAX_ITEMS_PER_REQUEST = 4096
 """Prompts x n of one /generate call: n is multiplied out into requests before anything else."""
 
@@ -51,10 +50,6 @@ class _Lenient(BaseModel):
         return data
 
 
-def _is(value: Any) -> Callable[[Any], bool]:
-    return lambda v: v == value
-
-
 def _empty(v: Any) -> bool:
     return not v
 
@@ -63,11 +58,11 @@ class SamplingParams(_Lenient):
     """SGLang sampling parameters; null means the default."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
-        "frequency_penalty": _is(0), "presence_penalty": _is(0), "repetition_penalty": _is(1), "json_schema": _empty,
-        "regex": _empty, "ebnf": _empty, "structural_tag": _empty, "logit_bias": _empty, "custom_params": _empty}
+        name: neutral for name, (neutral, _) in RESHAPING_SAMPLING.items()}
+    """The distribution-reshaping fields of asyncrl/sampling.py: this engine implements none of them."""
 
     temperature: Float = Field(1.0, ge=0.0)
-    """Below GREEDY_TEMPERATURE (0 included): greedy."""
+    """Greedy below asyncrl/sampling.py's GREEDY_TEMPERATURE (0 included), and 0 from here on."""
     top_p: Float = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(-1, ge=-1)
     """-1 (or 0) disables top-k."""
@@ -97,7 +92,7 @@ class SamplingParams(_Lenient):
     @field_validator("temperature")
     @classmethod
     def _greedy_below_eps(cls, v: float) -> float:
-        return 0.0 if v < GREEDY_TEMPERATURE else v
+        return 0.0 if is_greedy(v) else v
 
 
 LogprobStart = Annotated[int, Strict(), Field(ge=-1)]
