@@ -8,17 +8,17 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from asyncrl.config import SamplingConfig
-from asyncrl.protocols.env_service import SamplingParams
+from asyncrl.protocols.env_service import EndpointSampling
 from asyncrl.protocols.gateway import SessionSampling
 
 
-def endpoint_sampling(s: SamplingConfig) -> SamplingParams:
+def endpoint_sampling(s: SamplingConfig) -> EndpointSampling:
     """What an env's agent sends with every model request: each drawing field of the run's sampling config
     (max_new_tokens as OpenAI's max_tokens). SGLang's extensions (top_k, min_p) only when they are set, so
     a plain OpenAI-compatible server (sessions=endpoint) is not sent keys it may refuse."""
     extensions = {"top_k": s.top_k, "min_p": s.min_p}
     extra = {k: v for k, v in extensions.items() if v != getattr(SamplingConfig, k)}
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
+    return EndpointSampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, **extra)
 
 
 def session_sampling(s: SamplingConfig, seed: int) -> SessionSampling:

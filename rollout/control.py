@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Optional
 
-from asyncrl.protocols.engine import (AbortRequest, AbortResponse, GetWeightsByNameRequest, MemoryOccupationRequest,
-                                      PauseGenerationRequest, StatusResponse, SuccessResponse,
+from asyncrl.protocols.engine import (AbortRequest, AbortResponse, GenerationStatusResponse, GetWeightsByNameRequest,
+                                      MemoryOccupationRequest, PauseGenerationRequest, SuccessResponse,
                                       UpdateWeightVersionRequest, UpdateWeightVersionResponse)
 from rollout.engine import MEMORY_TAGS, Engine
 from rollout.errors import Refused
@@ -41,7 +41,7 @@ class EngineControl:
         count = await self._on_engine(lambda: self.engine.scheduler.abort(rid, prefix=True))
         return AbortResponse(success=True, num_aborted=count)
 
-    async def pause(self, body: PauseGenerationRequest) -> StatusResponse:
+    async def pause(self, body: PauseGenerationRequest) -> GenerationStatusResponse:
         """Stop scheduling; running requests are aborted, retracted to the queue, or kept (`mode`)."""
         scheduler = self.engine.scheduler
 
@@ -52,13 +52,13 @@ class EngineControl:
                 scheduler.retract_all()
             scheduler.paused = True
         await self._on_engine(pause)
-        return StatusResponse(message="Generation paused successfully.")
+        return GenerationStatusResponse(message="Generation paused successfully.")
 
-    async def resume(self) -> StatusResponse:
+    async def resume(self) -> GenerationStatusResponse:
         def resume() -> None:
             self.engine.scheduler.paused = False
         await self._on_engine(resume)
-        return StatusResponse(message="Generation continued successfully.")
+        return GenerationStatusResponse(message="Generation continued successfully.")
 
     async def update_weight_version(self, body: UpdateWeightVersionRequest) -> UpdateWeightVersionResponse:
         scheduler = self.engine.scheduler

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from asyncrl.config import ENGINE_API_KEY_ENV
 from asyncrl.protocols.engine import (AbortRequest, AbortResponse, DestroyWeightsUpdateGroupRequest, GenerateRequest,
-                                      GetWeightsByNameRequest, InitWeightsUpdateGroupRequest, LoadEntry,
-                                      LoadsResponse, MemoryOccupationRequest, ModelCard, ModelList,
-                                      PauseGenerationRequest, RankLoad, StatusResponse, SuccessResponse,
+                                      GenerationStatusResponse, GetWeightsByNameRequest, InitWeightsUpdateGroupRequest,
+                                      LoadEntry, LoadsResponse, MemoryOccupationRequest, ModelCard, ModelList,
+                                      PauseGenerationRequest, RankLoad, SuccessResponse,
                                       UpdateWeightVersionRequest, UpdateWeightVersionResponse,
                                       UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
                                       UpdateWeightsFromTensorRequest, WeightsUpdateResponse, WeightVersionResponse)
@@ -124,11 +124,11 @@ def _control_routes(app: FastAPI, control: EngineControl) -> None:
         return await control.abort(body)
 
     @app.post("/pause_generation")
-    async def pause_generation(body: PauseGenerationRequest) -> StatusResponse:
+    async def pause_generation(body: PauseGenerationRequest) -> GenerationStatusResponse:
         return await control.pause(body)
 
     @app.post("/continue_generation")
-    async def continue_generation() -> StatusResponse:
+    async def continue_generation() -> GenerationStatusResponse:
         return await control.resume()
 
     @app.post("/update_weight_version")

@@ -32,7 +32,7 @@ MAX_ITEMS_PER_REQUEST = 4096
 """Prompts x n of one /generate call: n is multiplied out into requests before anything else."""
 
 
-class _Lenient(BaseModel):
+class _SglangRequest(BaseModel):
     """Unknown fields are ignored (clients send SGLang options this engine has no use for), except the
     `UNSUPPORTED` ones set to a non-neutral value: ignoring those would silently change the answer."""
 
@@ -54,7 +54,7 @@ def _empty(v: Any) -> bool:
     return not v
 
 
-class SamplingParams(_Lenient):
+class SamplingParams(_SglangRequest):
     """SGLang sampling parameters; null means the default."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
@@ -99,7 +99,7 @@ LogprobStart = Annotated[int, Strict(), Field(ge=-1)]
 TopLogprobs = Annotated[int, Strict(), Field(ge=0)]
 
 
-class GenerateRequest(_Lenient):
+class GenerateRequest(_SglangRequest):
     """POST /generate body (single or batch)."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {
@@ -205,30 +205,30 @@ class GenerateResponse(BaseModel):
 
 
 # Control endpoints -----------------------------------------------------------------------------
-class AbortRequest(_Lenient):
+class AbortRequest(_SglangRequest):
     rid: str = ""
     abort_all: bool = False
 
 
-class PauseGenerationRequest(_Lenient):
+class PauseGenerationRequest(_SglangRequest):
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
-class MemoryOccupationRequest(_Lenient):
+class MemoryOccupationRequest(_SglangRequest):
     """POST /release_memory_occupation and /resume_memory_occupation (SGLang's): which memory, by tag
     ("weights", "kv_cache", "cuda_graph"); none or empty: all of it."""
 
     tags: Optional[list[str]] = None
 
 
-class UpdateWeightVersionRequest(_Lenient):
+class UpdateWeightVersionRequest(_SglangRequest):
     """POST /update_weight_version (SGLang's): a new version label for the current weights."""
 
     new_version: str
     abort_all_requests: bool = True
 
 
-class GetWeightsByNameRequest(_Lenient):
+class GetWeightsByNameRequest(_SglangRequest):
     """GET/POST /get_weights_by_name (SGLang's, for checking a weight sync): the first `truncate_size`
     rows of one HF-named tensor."""
 
@@ -236,7 +236,7 @@ class GetWeightsByNameRequest(_Lenient):
     truncate_size: int = Field(100, ge=1)
 
 
-class UpdateWeightsFromDiskRequest(_Lenient):
+class UpdateWeightsFromDiskRequest(_SglangRequest):
     model_path: str
     load_format: Optional[str] = None
     weight_version: Optional[str] = None
@@ -244,7 +244,7 @@ class UpdateWeightsFromDiskRequest(_Lenient):
     flush_cache: bool = True
 
 
-class UpdateWeightsFromTensorRequest(_Lenient):
+class UpdateWeightsFromTensorRequest(_SglangRequest):
     serialized_named_tensors: list[StrictStr]
     """One entry per tensor-parallel rank (one here). With load_format `asyncrl_safetensors_b64`
     each entry is a base64 string of a safetensors blob holding the named tensors (docs/engine.md)."""
@@ -253,7 +253,7 @@ class UpdateWeightsFromTensorRequest(_Lenient):
     flush_cache: bool = True
 
 
-class InitWeightsUpdateGroupRequest(_Lenient):
+class InitWeightsUpdateGroupRequest(_SglangRequest):
     master_address: StrictStr = Field(min_length=1)
     """Host name or IP of rank 0 (the trainer); the engine checks that it resolves before joining."""
     master_port: StrictInt = Field(ge=1, le=65535)
@@ -269,7 +269,7 @@ class InitWeightsUpdateGroupRequest(_Lenient):
         return self
 
 
-class UpdateWeightsFromDistributedRequest(_Lenient):
+class UpdateWeightsFromDistributedRequest(_SglangRequest):
     names: list[StrictStr]
     dtypes: list[Literal["float32", "bfloat16", "float16"]]
     shapes: list[list[Annotated[int, Strict(), Field(ge=0)]]]
@@ -284,7 +284,7 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
         return self
 
 
-class DestroyWeightsUpdateGroupRequest(_Lenient):
+class DestroyWeightsUpdateGroupRequest(_SglangRequest):
     group_name: str = "weight_update_group"
 
 
@@ -308,7 +308,7 @@ class AbortResponse(BaseModel):
     num_aborted: int
 
 
-class StatusResponse(BaseModel):
+class GenerationStatusResponse(BaseModel):
     message: str = ""
     """SGLang's: "Generation paused successfully." / "Generation continued successfully."."""
     status: str = "ok"

@@ -89,7 +89,7 @@ DEFAULT_REASONS = {EpisodeStatus.completed: EpisodeReason.completed, EpisodeStat
 """The reason a status stands for when none is given (an env's result, a service built before reasons)."""
 
 
-class SamplingParams(BaseModel):
+class EndpointSampling(BaseModel):
     """Sampling of every model turn; unknown keys (top_k, stop, ...) are passed through to the endpoint."""
 
     model_config = ConfigDict(extra="allow")
@@ -107,7 +107,7 @@ class LLMEndpoint(BaseModel):
     api_key: Optional[Secret] = None
     """The bearer credential the agent's client sends to base_url: the gateway session's own credential
     when the gateway has an auth token (docs/protocols/gateway.md "Credentials"); None: a placeholder."""
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    sampling: EndpointSampling = Field(default_factory=EndpointSampling)
 
 
 class EpisodeRequest(BaseModel):

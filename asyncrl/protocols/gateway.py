@@ -22,12 +22,14 @@ SessionStatus = Literal["active", "completed", "failed", "truncated", "aborted"]
 assert set(get_args(FinishStatus)) == set(SAMPLE_STATUSES)
 
 
-class _Lenient(BaseModel):
+class _IgnoresUnknown(BaseModel):
+    """Unknown fields are ignored (clients may be newer than this gateway); every known one is validated."""
+
     model_config = ConfigDict(extra="ignore")
 
 
 # Sessions API ------------------------------------------------------------------------------------
-class SessionSampling(_Lenient):
+class SessionSampling(_IgnoresUnknown):
     """Default sampling of the session's turns (SGLang names); a request's own values win. Types are strict
     (no "0.7" for 0.7, no true for 1), as in every sampling field the gateway takes."""
 
@@ -46,7 +48,7 @@ class SessionSampling(_Lenient):
     those of the untruncated tempered distribution (asyncrl.config.SamplingConfig.allow_truncation)."""
 
 
-class CreateSessionRequest(_Lenient):
+class CreateSessionRequest(_IgnoresUnknown):
     """POST /sessions."""
 
     group_id: str = ""
@@ -70,7 +72,7 @@ class CreateSessionResponse(BaseModel):
     nothing else (not finish, not other sessions). None when the gateway has no token."""
 
 
-class FinishSessionRequest(_Lenient):
+class FinishSessionRequest(_IgnoresUnknown):
     """POST /sessions/{sid}/finish."""
 
     reward: float = 0.0
@@ -133,7 +135,7 @@ class SessionRecord(BaseModel):
 
 
 # Engines (admin) --------------------------------------------------------------------------------
-class UpdateEnginesRequest(_Lenient):
+class UpdateEnginesRequest(_IgnoresUnknown):
     """POST /engines: the full set of engine base URLs to route over (the launcher calls it)."""
 
     urls: list[str]
@@ -192,7 +194,7 @@ TOKEN_NATIVE_UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 """SGLang /generate fields the gateway refuses at any value but their neutral one (field -> neutral?, why)."""
 
 
-class SessionGenerateRequest(_Lenient):
+class SessionGenerateRequest(_IgnoresUnknown):
     """POST /sessions/{sid}/generate: engine /generate shape; input_ids are appended to the history."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -248,7 +250,7 @@ and refused by the sampling policy (gateway/sampling.py), so that token-native t
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(_IgnoresUnknown):
     """OpenAI's Chat Completions request. Every field a client sends is honoured or refused with a 400
     naming it (docs/gateway.md has the table): unknown fields and CHAT_UNHONOURED ones here, the
     distribution-changing ones by check_sampling."""

@@ -42,3 +42,23 @@ def test_logic_in_finds_public_functions_and_plain_classes():
          "def _validator_helper(x):\n    return x\n", module.__dict__)
     assert sorted(logic_in(module)) == ["Accumulator", "split"]
     assert "asyncrl.protocols.engine" in MODULES
+
+
+def clashing_names(modules: list[types.ModuleType]) -> dict[str, list[str]]:
+    """Class names defined by more than one of `modules` (private bases included) -> those modules."""
+    where: dict[str, list[str]] = {}
+    for module in modules:
+        for attr, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == module.__name__:
+                where.setdefault(attr, []).append(module.__name__)
+    return {name: found for name, found in where.items() if len(found) > 1}
+
+
+def test_no_two_wire_types_share_a_name():
+    """Two `SamplingParams` (the engine's SGLang fields, the endpoint's OpenAI ones) read as one type in a
+    module that imports either; each wire type has a name of its own."""
+    assert clashing_names([importlib.import_module(name) for name in MODULES]) == {}
+    a, b = types.ModuleType("a"), types.ModuleType("b")
+    for module in (a, b):
+        exec("class Params:\n    pass\n", module.__dict__)
+    assert clashing_names([a, b]) == {"Params": ["a", "b"]}
