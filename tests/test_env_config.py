@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
-from driver.evaluate import Driver, EvalSpec
+from driver.evaluate import EvalSpec, eval_section
 from driver.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
 from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
@@ -271,7 +271,7 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
 
 def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monkeypatch):
     """envs.auth_token: env services want it and the orchestrator sends it (both take it by environment,
-    off their command lines); asyncrl eval's driver sends it too."""
+    off their command lines); asyncrl eval's orchestrator, started with its eval section, gets it alike."""
     cfg = load("experiment=tiny_demo", "envs.auth_token=env-secret")
     job, started = Job(cfg, tmp_path, "redis://unused"), {}
     job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (
@@ -282,8 +282,11 @@ def test_the_env_token_reaches_env_services_orchestrator_and_eval(tmp_path, monk
     monkeypatch.setenv(SERVICE_TOKEN_ENV, "env-secret")
     assert parse_service_args(started["env-arithmetic-0"][0]).auth_token == "env-secret"
     assert parse_args(started["orchestrator"][0])[0].env_token == "env-secret"
-    driver = Driver(cfg, EvalSpec(cfg.envs.services["arithmetic"]), "http://gateway", None, 1)
-    assert driver.http.headers["authorization"] == "Bearer env-secret"
+    eval_orchestrator = eval_section(orchestrator_section(cfg, "redis://unused", "http://gateway"),
+                                     EvalSpec(cfg.envs.services["arithmetic"]))
+    job._start_orchestrator("http://gateway", eval_orchestrator)
+    assert started["orchestrator"][1][SERVICE_TOKEN_ENV] == "env-secret"
+    assert parse_args(started["orchestrator"][0])[0].task_order == "listed"
 
 
 def test_an_envs_python_is_the_interpreter_the_launcher_starts_it_with(tmp_path):
