@@ -143,6 +143,7 @@ def test_episode_limits_by_env_name_then_domain_then_the_runs():
                       "50", "--max-turns-by-env", "swe=30,search=4", "--episode-timeout-s-by-env", "swe=900"])[0]
     core = SimpleNamespace(cfg=cfg, deadlines=EpisodeDeadlines(cfg.episode_deadline, cfg.episode_timeout_s))
     core.deadline_s = lambda env, domain: OrchestratorCore.deadline_s(core, env, domain)
+    core.max_turns = lambda env, domain: OrchestratorCore.max_turns(core, env, domain)
     limits = {(name, domain): OrchestratorCore.episode_limits(core, SimpleNamespace(name=name, domain=domain))
               for name, domain in [("swe", "code"), ("swe-lite", "swe"), ("search", "swe"), ("tasks", "tasks")]}
     assert limits == {("swe", "code"): (30, 900.0), ("swe-lite", "swe"): (30, 900.0), ("search", "swe"): (4, 900.0),
