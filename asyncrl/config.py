@@ -58,8 +58,8 @@ class ModelSection:
 @dataclass
 class SamplingConfig:
     """Default sampling of rollout turns. Every field reaches the gateway session of each episode (its
-    defaults and policy) and the env's LLM endpoint; an agent may override the sampling fields per request,
-    and the gateway records the temperature of every generated token for the trainer."""
+    defaults and policy: docs/architecture.md "How a setting travels"); an agent may override the sampling
+    fields per request, and the gateway records the temperature of every generated token for the trainer."""
 
     temperature: float = 1.0
     """Softmax temperature of every generated token (1.0: the model's own distribution)."""

@@ -1,7 +1,7 @@
-"""How a run's sampling config reaches an episode, in the two places the orchestrator sends it: the LLM
-endpoint handed to the env service (what its agent asks for with every model request) and the gateway
-session's defaults and policy. `asyncrl eval` runs the same orchestrator, so an evaluation samples exactly
-as the run's rollouts do."""
+"""How a run's sampling config reaches an episode: as a gateway session's defaults and policy
+(`session_sampling`: every field), or, without a gateway (sessions=endpoint), in the LLM endpoint handed to
+the env service, for its agent to send with every model request (`endpoint_sampling`). `asyncrl eval` runs
+the same orchestrator, so an evaluation samples exactly as the run's rollouts do."""
 
 from __future__ import annotations
 

@@ -5,11 +5,13 @@ chosen by `OrchestratorConfig.sessions`:
 
 - `gateway`: a TITO gateway session (docs/protocols/gateway.md). finish(completed|truncated|failed)
   makes the gateway append the trajectory to Redis and returns its sample refs; finish(aborted)
-  records nothing. With a gateway token, the episode's endpoint carries the session's own credential
+  records nothing. The session carries the run's sampling as its defaults, and the episode's endpoint
+  no sampling of its own: the agent sends none, so the run's setting has one path to the engine. With a
+  gateway token, the episode's endpoint carries the session's own credential
   (the reply's `api_key`), never the gateway token itself. Finishing is idempotent: a repeated finish returns the first reply, which is how a
   restarted orchestrator learns whether a session of the previous one was already recorded.
-- `endpoint`: every episode uses one fixed OpenAI-compatible URL; nothing is recorded (evaluation
-  against any server, benchmarks of the orchestrator and env services without a model).
+- `endpoint`: every episode uses one fixed OpenAI-compatible URL, the run's sampling in its endpoint for
+  the agent to send; nothing is recorded (benchmarks of the orchestrator and env services without a model).
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ class Finished:
 
 class SessionProvider(ABC):
     def __init__(self, cfg: OrchestratorConfig) -> None:
-        self.sampling = endpoint_sampling(cfg.sampling)
         self.model = cfg.model_name
 
     @abstractmethod
@@ -69,7 +70,7 @@ class EndpointSessions(SessionProvider):
         super().__init__(cfg)
         if not cfg.llm_url:
             raise ValueError("sessions=endpoint needs llm_url (an OpenAI-compatible base URL)")
-        self.endpoint = LLMEndpoint(base_url=cfg.llm_url, model=self.model, sampling=self.sampling)
+        self.endpoint = LLMEndpoint(base_url=cfg.llm_url, model=self.model, sampling=endpoint_sampling(cfg.sampling))
 
     async def open(self, group, member, episode_id):
         return None, self.endpoint
@@ -109,7 +110,7 @@ class GatewaySessions(SessionProvider):
         url, reply = await self._create(body)
         self._gateway_of[reply["session_id"]] = url
         return reply["session_id"], LLMEndpoint(base_url=reply["base_url"], model=self.model,
-                                                api_key=reply.get("api_key"), sampling=self.sampling)
+                                                api_key=reply.get("api_key"))  # sampling: the session's defaults
 
     async def _create(self, body: dict) -> tuple[str, dict]:
         """(gateway, reply): the least loaded gateway that answers; while none does, wait and ask again."""

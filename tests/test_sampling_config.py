@@ -1,6 +1,8 @@
 """Every field of the run's sampling config reaches the engines, in both modes: launcher -> orchestrator
-command line -> gateway session and the env's LLM endpoint -> the agent's request -> the engine's
-sampling params. The test walks the dataclass, so a new field fails here until it is carried."""
+config -> gateway session defaults -> the engine's sampling params of a turn whose agent sends none (the
+endpoint of a gateway session carries no sampling), and, without a gateway (sessions=endpoint), through
+the env's LLM endpoint and the agent's request. The test walks the dataclass, so a new field fails here
+until it is carried."""
 
 from dataclasses import fields
 
@@ -51,8 +53,11 @@ def test_every_sampling_field_reaches_the_engine(mode, tmp_path):
     request = agent_request(context)  # sessions=endpoint has no gateway defaults: the request alone carries them
     assert {name: getattr(request, "max_tokens" if name == "max_new_tokens" else name) for name in engine_fields} \
         == {k: VALUES[k] for k in engine_fields}
-    for params in (chat_sampling(request, session, 0, [1]),  # an agent's chat turn
-                   turn_sampling(session, 0)):                             # a turn that sets nothing itself
+    silent = agent_request(EpisodeContext("e", "t", 0, 1, 60.0, "asyncrl"))  # a gateway session's endpoint: none
+    assert all(getattr(silent, name) is None for name in ("temperature", "top_p", "max_tokens"))
+    for params in (chat_sampling(request, session, 0, [1]),  # an agent's chat turn that sets every field
+                   chat_sampling(silent, session, 0, [1]),   # an agent's chat turn that sets none
+                   turn_sampling(session, 0)):               # a token-native turn that sets nothing itself
         check_sampling(params, session.allow_truncation)
         engine = EngineSampling.model_validate(params)
         assert {name: getattr(engine, name) for name in engine_fields} == {k: VALUES[k] for k in engine_fields}

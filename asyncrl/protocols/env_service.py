@@ -107,7 +107,9 @@ class LLMEndpoint(BaseModel):
     api_key: Optional[Secret] = None
     """The bearer credential the agent's client sends to base_url: the gateway session's own credential
     when the gateway has an auth token (docs/protocols/gateway.md "Credentials"); None: a placeholder."""
-    sampling: EndpointSampling = Field(default_factory=EndpointSampling)
+    sampling: Optional[EndpointSampling] = None
+    """What the agent sends with every model request; None (a gateway session): nothing, the endpoint's own
+    defaults apply (the session's, which carry the run's sampling config)."""
 
 
 class EpisodeRequest(BaseModel):

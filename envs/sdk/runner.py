@@ -185,7 +185,8 @@ class EpisodeRunner:
     async def _play(self, req: EpisodeRequest, counter: _TurnCounter, context: ContextLog,
                     tools: ToolLog) -> EpisodeResult:
         ctx = EpisodeContext(episode_id=req.episode_id, task_id=req.task_id, seed=req.seed, max_turns=req.max_turns,
-                             deadline_s=req.deadline_s, model=req.llm.model, sampling=req.llm.sampling.model_dump(),
+                             deadline_s=req.deadline_s, model=req.llm.model,
+                             sampling=req.llm.sampling.model_dump() if req.llm.sampling else {},
                              context_policy=build_policy(self.context), context_log=context, tool_log=tools)
         budget = asyncio.timeout(req.deadline_s)
         try:

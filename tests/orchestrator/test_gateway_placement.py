@@ -39,6 +39,7 @@ async def open_groups(sessions: GatewaySessions, ordinals: range, group_size: in
     """Every member of the groups opens its session at once, as the orchestrator dispatches a new group."""
     groups = [Group.new("timed", "t0", ordinal, group_size, seed=0) for ordinal in ordinals]
     opened = await asyncio.gather(*(sessions.open(g, m, g.episode_id(m)) for g in groups for m in g.members))
+    assert all(endpoint.sampling is None for _, endpoint in opened)  # the session's defaults carry the sampling
     return [session_id for session_id, _ in opened]
 
 
