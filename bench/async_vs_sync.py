@@ -4,7 +4,7 @@
     python bench/async_vs_sync.py [--experiment async_vs_sync] [--steps 12] [--rounds 3]
                                   [--out bench/results/async_vs_sync] [OVERRIDE ...]
 
-Runs `python -m driver.train experiment=<experiment> mode={sync,async}` (the full system: engines,
+Runs `python -m asyncrl_run.train experiment=<experiment> mode={sync,async}` (the full system: engines,
 gateway, orchestrator, env service, trainer under local Ray) and times each run from "all components
 serving" to the record of the last step (the shutdown after it is the same in both), the same number of
 samples trained in both, in alternating rounds; then one sampled run of each mode for the busy/idle
@@ -54,13 +54,13 @@ def run(mode: str, steps: int, workdir: Path, overrides: list[str], timeline_png
     shutil.rmtree(run_dir, ignore_errors=True)
     sampler = TimelineSampler(run_dir, name).start() if timeline_png else None
     with open(log, "w") as out_file:
-        code = subprocess.call([sys.executable, "-m", "driver.train", f"experiment={experiment}", f"mode={mode}",
+        code = subprocess.call([sys.executable, "-m", "asyncrl_run.train", f"experiment={experiment}", f"mode={mode}",
                                 f"name={name}", f"total_steps={steps}", f"run_dir={run_dir}", *overrides],
                                cwd=ROOT, stdout=out_file, stderr=subprocess.STDOUT)
     timeline = sampler.stop() if sampler else None
     if code != 0:
         raise SystemExit(f"{mode} run failed ({code}); see {log}")
-    ready = next(stamp(l) for l in log.read_text().splitlines() if "driver.launcher" in l and " mode, gateway " in l)
+    ready = next(stamp(l) for l in log.read_text().splitlines() if "asyncrl_run.launcher" in l and " mode, gateway " in l)
     records = read_trainer_records(run_dir, name)
     done = records[-1]["ts"]  # the last step's record, not the shutdown after it
     orchestrator = json.loads((run_dir / "config" / "orchestrator.json").read_text())

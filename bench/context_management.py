@@ -31,7 +31,7 @@ import openai  # noqa: E402
 from asyncrl.chat_template import GlmChatTemplate  # noqa: E402
 from asyncrl.config import load_model_section  # noqa: E402
 from asyncrl.tokenizer import load_tokenizer  # noqa: E402
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 from envs.sdk import AgentLoop, EpisodeContext, Tool  # noqa: E402
 from envs.sdk.context import ContextConfig, ContextLog, build_policy  # noqa: E402
 from tests.gateway.scripted import (AGENT_TASK, OBSERVATION_CHARS, TOOLS, observation,  # noqa: E402

@@ -62,7 +62,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 from bench.procs import (Measured, Priority, Proc, fifo_permitted, parse_cpus, parse_priority,  # noqa: E402
                          policy_name)
 

@@ -29,7 +29,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 
 OVERRIDES = ["warmup.steps=20", "trainer.groups_per_step=8", "trainer.checkpoint_every=4",
              "orchestrator.heartbeat_timeout_s=4", "orchestrator.heartbeat_interval_s=1",
@@ -82,7 +82,7 @@ def one(fault: str, steps: int, kill_at: int, workdir: Path) -> dict:
     run_dir = workdir / f"fault_{fault}"
     log = open(workdir / f"fault_{fault}.log", "wb")
     started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "driver.train", "experiment=tiny_demo", f"name={run_dir.name}",
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl_run.train", "experiment=tiny_demo", f"name={run_dir.name}",
                              f"run_dir={run_dir}", f"total_steps={steps}", *OVERRIDES], cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT)
     killed_at = None

@@ -41,7 +41,7 @@ from asyncrl.config import load_model_section  # noqa: E402
 from asyncrl.model.io import save_pretrained  # noqa: E402
 from asyncrl.model.model import Glm5ForCausalLM  # noqa: E402
 from asyncrl.tokenizer import load_tokenizer  # noqa: E402
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 
 
 def start(module: str, args: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, str]:

@@ -28,13 +28,13 @@ AGENT = ["reward_mean", "rollout/turns_mean", "rollout/tool_calls_mean", "rollou
 
 def train(experiment: str, run_dir: Path, overrides: list[str]) -> float:
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "driver.train", f"experiment={experiment}", f"run_dir={run_dir}",
+    subprocess.run([sys.executable, "-m", "asyncrl_run.train", f"experiment={experiment}", f"run_dir={run_dir}",
                     *overrides], cwd=ROOT, check=True)
     return time.monotonic() - started
 
 
 def evaluate(experiment: str, weights: Path, samples: int, out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "driver.cli", "eval", f"experiment={experiment}", "--model", str(weights),
+    subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", f"experiment={experiment}", "--model", str(weights),
                     "--samples", str(samples), "--k", f"1,4,{samples}", "--out", str(out)], cwd=ROOT, check=True)
     return json.loads(out.read_text())
 
@@ -64,7 +64,7 @@ def report(args, run_dir: Path, wall_s, results: dict, windows: list[dict], load
             for name, r in (("base (warm-up)", base), ("trained (final)", final))]
     return ["# The main job: held-out pass@1 before and after RL", "",
             f"Command: `{' '.join(['python', *sys.argv])}` (load average {load[0]:.2f} at start; host: {cpu_model()}).  ",
-            f"Run: `python -m driver.train experiment={args.experiment}` (what `make run` runs)"
+            f"Run: `python -m asyncrl_run.train experiment={args.experiment}` (what `make run` runs)"
             + (f", {wall_s:.0f} s wall, start-up and warm-up included" if wall_s else "") + f"; run dir {run_dir}.  ",
             f"Eval: `asyncrl eval experiment={args.experiment} --model <run_dir>/<weights> --samples {args.samples}`, "
             f"{base['n_tasks']} held-out tasks x {args.samples} samples at temperature "

@@ -33,7 +33,7 @@ COLUMNS = {"reward_mean": "reward", "off_policy/mismatch_kl": "mismatch KL",
 
 def run(name: str, overrides: list[str], steps: int, workdir: Path) -> list[dict[str, float]]:
     run_dir = workdir / name
-    subprocess.run([sys.executable, "-m", "driver.train", "experiment=tiny_demo", f"name={name}",
+    subprocess.run([sys.executable, "-m", "asyncrl_run.train", "experiment=tiny_demo", f"name={name}",
                     f"run_dir={run_dir}", f"total_steps={steps}", *overrides], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return read_run(run_dir, name)

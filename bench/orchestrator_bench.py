@@ -38,7 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 from bench.procs import Proc  # noqa: E402
 
 ENV = "tests.orchestrator.timed_env.TimedEnv"

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.store import Store  # noqa: E402
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 
 CLIENTS = {"redis-py Connection, default socket_timeout 5 s": {},
            "redis-py Connection, no socket timeout": {"socket_timeout": None},

@@ -26,7 +26,7 @@ import redis.asyncio as aredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from driver.redis_server import EmbeddedRedis  # noqa: E402
+from asyncrl_run.redis_server import EmbeddedRedis  # noqa: E402
 
 WRITES, IN_FLIGHT = 2000, 32
 

@@ -113,7 +113,7 @@ def rl_run(work: Path, name: str, mtp_coef: float, steps: int) -> dict:
     checkpoints."""
     run_dir = work / name
     shutil.copytree(work / "sft_distilled", run_dir / "warmup")  # the run starts from part 1's warm-up
-    argv = [sys.executable, "-m", "driver.train", "experiment=tiny_demo", f"name={name}", f"run_dir={run_dir}",
+    argv = [sys.executable, "-m", "asyncrl_run.train", "experiment=tiny_demo", f"name={name}", f"run_dir={run_dir}",
             f"total_steps={steps}", f"trainer.mtp_loss_coef={mtp_coef}",
             "rollout.speculative=true", "trainer.keep_checkpoints=100", "trainer.checkpoint_every=5"]
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Per-component busy/idle timeline of a running asyncrl job, for finding the bubbles of a schedule.
 
-    sampler = TimelineSampler(run_dir, run_name).start()   # while `python -m driver.train ...` runs
+    sampler = TimelineSampler(run_dir, run_name).start()   # while `python -m asyncrl_run.train ...` runs
     ...
     timeline = sampler.stop()                               # -> Timeline (the probes)
     timeline.trainer = trainer_phases(read_trainer_records(run_dir, run_name))
@@ -133,7 +133,7 @@ def read_trainer_records(run_dir: Path, run: str) -> list[dict[str, float]]:
 
     import msgpack
 
-    from driver.redis_server import EmbeddedRedis
+    from asyncrl_run.redis_server import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as copy:  # never touch the run's own files
         shutil.copytree(Path(run_dir) / "redis", copy, dirs_exist_ok=True)

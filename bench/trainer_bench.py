@@ -145,7 +145,7 @@ def bench_training(section: ModelSection, device: str, steps: int, work: Path) -
 
 # Weight push ---------------------------------------------------------------------------------------
 async def push_round(section: ModelSection, work: Path, repeats: int) -> dict:
-    from driver.redis_server import EmbeddedRedis
+    from asyncrl_run.redis_server import EmbeddedRedis
     from asyncrl.store import Store
     from tests.services import ServiceProcess
     from trainer.weight_push import WeightSync

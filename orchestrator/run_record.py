@@ -1,6 +1,6 @@
 """The orchestrator's record in the run's `metrics` stream: its GET /v1/status flattened into scalars, one
 record every few seconds (orchestrator/runtime.py). Its shape is defined here, by its writer; the run layer
-(watch, the dashboard, the TensorBoard and W&B mirrors: driver/) reads it with `envs_of`."""
+(watch, the dashboard, the TensorBoard and W&B mirrors: asyncrl_run/) reads it with `envs_of`."""
 
 from __future__ import annotations
 

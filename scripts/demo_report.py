@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.store import Store  # noqa: E402
-from driver.redis_server import replay_copy  # noqa: E402
+from asyncrl_run.redis_server import replay_copy  # noqa: E402
 
 
 async def trainer_records(url: str, run: str) -> list[dict[str, float]]:

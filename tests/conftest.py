@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
 
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 
 
 class AofTail:

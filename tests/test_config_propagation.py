@@ -22,7 +22,7 @@ import pytest
 
 from asyncrl.config import (EnvsConfig, EnvServiceConfig, GatewayConfig, OrchestratorConfig, RolloutConfig, RunConfig,
                             SamplingConfig, TrainerConfig, WeightPushConfig, is_secret, section_data)
-from driver.launcher import Job, gateway_section
+from asyncrl_run.launcher import Job, gateway_section
 from tests.services import ServiceProcess, free_port, wait_until
 
 ENGINE_URL = "http://127.0.0.1:9/engine"

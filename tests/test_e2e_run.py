@@ -1,4 +1,4 @@
-"""The whole system end to end: `python -m driver.train experiment=tiny_demo` learns; survives an env
+"""The whole system end to end: `python -m asyncrl_run.train experiment=tiny_demo` learns; survives an env
 service, an engine, the trainer, the gateway, the orchestrator, the embedded redis-server and the launcher
 being killed, losing nothing; stops naming the component when one cannot come back or progress stalls;
 and runs with every push method in both modes."""
@@ -23,14 +23,14 @@ import pytest
 import redis
 
 from asyncrl.store import Store
-from driver.redis_server import EmbeddedRedis
-from tests.services import ROOT
+from asyncrl_run.redis_server import EmbeddedRedis
+from tests.services import ROOT, wait_until
 from tests.wandb_files import read_offline_runs
 
 
 def launch(run_dir: Path, name: str, *overrides: str, experiment: str = "tiny_demo") -> subprocess.Popen:
     log = open(run_dir.parent / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "driver.train", f"experiment={experiment}", f"name={name}",
+    return subprocess.Popen([sys.executable, "-m", "asyncrl_run.train", f"experiment={experiment}", f"name={name}",
                              f"run_dir={run_dir}", *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -195,15 +195,18 @@ def sessions_created(url: str) -> float:
                if line.startswith("asyncrl_gateway_sessions_created_total"))
 
 
+GATEWAY_RUN_STEPS = 40
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_gateways_share_the_sessions_and_one_may_die(tmp_path):
     """gateway.replicas=2: the orchestrator places sessions on the gateway with the fewest open; the killed one
-    comes back on its port, its sessions' episodes are dispatched again, and the other takes new sessions
-    meanwhile."""
+    comes back on its port and takes sessions again, its sessions' episodes are dispatched again, and the other
+    takes new sessions meanwhile. 40 steps: the run must outlast the restart (a step can take under a second)."""
     run_dir = tmp_path / "e2e_gateways"
-    proc = launch(run_dir, "e2e_gateways", "total_steps=10", "warmup.steps=20", "trainer.groups_per_step=8",
-                  "trainer.checkpoint_every=4", "gateway.replicas=2")
+    proc = launch(run_dir, "e2e_gateways", f"total_steps={GATEWAY_RUN_STEPS}", "warmup.steps=20",
+                  "trainer.groups_per_step=8", "trainer.checkpoint_every=4", "gateway.replicas=2")
     services = run_dir / "services"
     try:
         wait_step(proc, run_dir, 3)
@@ -211,16 +214,21 @@ def test_two_gateways_share_the_sessions_and_one_may_die(tmp_path):
         created = [sessions_created(url) for url in urls]
         assert min(created) > 0.3 * sum(created), created  # both take sessions
         killed = kill(services / "gateway-1.pid")
+        log = services / "gateway-1.log"
+        wait_until(lambda: log.read_text().count(f"listening on {urls[1]}") >= 2 or proc.poll() is not None, 120)
+        assert proc.poll() is None, "the run ended before the killed gateway came back"
+        wait_step(proc, run_dir, live_step(run_dir) + 3)
+        assert sessions_created(urls[1]) > 0  # the restarted gateway (its counter from 0) takes sessions again
         assert proc.wait(300) == 0, (tmp_path / "e2e_gateways.log").read_text()[-4000:]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
-    assert (services / "gateway-1.log").read_text().count(f"listening on {urls[1]}") >= 2
     assert int((services / "gateway-1.pid").read_text()) != killed
-    assert sorted(int(r["step"]) for r in records_after_run(run_dir, tmp_path)) == list(range(1, 11))
+    steps = sorted(int(r["step"]) for r in records_after_run(run_dir, tmp_path))
+    assert steps == list(range(1, GATEWAY_RUN_STEPS + 1))
     groups = asyncio.run(_acked_groups(run_dir, tmp_path))
-    assert len(groups) == len(set(groups)) and len(groups) >= 10 * 8  # every trained group acknowledged once
+    assert len(groups) == len(set(groups)) and len(groups) >= GATEWAY_RUN_STEPS * 8  # each trained group acked once
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from asyncrl.config import ENGINE_API_KEY_ENV, RolloutConfig, RunConfig
-from driver.launcher import Job, trainer_config
+from asyncrl_run.launcher import Job, trainer_config
 from gateway.server import parse_args as gateway_args
 from rollout.backends import LaunchSpec, make_backend
 from rollout.server import parse_args

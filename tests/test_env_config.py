@@ -16,8 +16,8 @@ from hydra.errors import ConfigCompositionException
 
 from asyncrl.config import CONFIG_DIR, RunConfig, register_configs, to_dataclass
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
-from driver.evaluate import EvalSpec, eval_section
-from driver.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
+from asyncrl_run.evaluate import EvalSpec, eval_section
+from asyncrl_run.launcher import ComponentFailed, Job, env_service_args, orchestrator_section
 from envs.serve import parse_args as parse_service_args, sandbox_config
 from orchestrator.core import Orchestrator as OrchestratorCore
 from orchestrator.deadlines import EpisodeDeadlines
@@ -189,7 +189,8 @@ def test_an_envs_own_limits_reach_its_episodes_and_no_other_envs(tmp_path, redis
 @pytest.mark.slow
 def test_a_user_env_in_the_runs_directory_imports_under_the_launchers_ray(tmp_path):
     """The launcher's own path: _start_ray (a fresh local cluster), Job._start_env (a supervised service in a
-    Ray actor), from a driver started in the user's project directory."""
+    Ray actor), from a driver started in the user's project directory. The script is called driver.py, as Ray
+    users name theirs: it must not shadow the run layer's package."""
     project = user_project(tmp_path / "project")
     (project / "driver.py").write_text(f'''
 import json, sys
@@ -199,7 +200,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from asyncrl.config import CONFIG_DIR, register_configs, to_dataclass
-from driver.launcher import Job, _start_ray
+from asyncrl_run.launcher import Job, _start_ray
 
 register_configs()
 with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -260,7 +261,7 @@ def test_the_launcher_warns_when_an_env_runs_on_the_unsafe_sandbox(tmp_path, cap
     started = []
     job._service = lambda name, module, args, _resources, env=None, port=0, python=None: (started.append(args)
                                                                                            or "http://env")
-    with caplog.at_level("WARNING", logger="driver.launcher"):
+    with caplog.at_level("WARNING", logger="asyncrl_run.launcher"):
         for env in cfg.envs.services.values():
             for replica in range(2):
                 job._start_env(env, replica, None)

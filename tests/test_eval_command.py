@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from asyncrl.config import WarmupConfig, load_model_section
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from tests.conftest import save_tiny_checkpoint
 from tests.services import ROOT
 
@@ -21,7 +21,7 @@ TASKS, SAMPLES, KS = 12, 8, [1, 4, 8]
 
 
 def evaluate(model, out, run_dir) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, "-m", "driver.cli", "eval", "experiment=tiny_demo", f"run_dir={run_dir}",
+    proc = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", "experiment=tiny_demo", f"run_dir={run_dir}",
                            "--model", str(model), "--env", "arithmetic", "--tasks", str(TASKS), "--samples",
                            str(SAMPLES), "--k", ",".join(map(str, KS)), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)

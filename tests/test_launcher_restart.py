@@ -13,7 +13,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncrl.config import ComponentsConfig, RunConfig
-from driver.launcher import ComponentFailed, Job
+from asyncrl_run.launcher import ComponentFailed, Job
 
 RESTART_DELAY_S = 4.0
 

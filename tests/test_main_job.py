@@ -31,7 +31,7 @@ async def _samples(url: str, run: str):
 
 
 def held_out_reward(model, out) -> float:
-    proc = subprocess.run([sys.executable, "-m", "driver.cli", "eval", "experiment=file_lookup", "--model", str(model),
+    proc = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", "experiment=file_lookup", "--model", str(model),
                            "--tasks", "100", "--samples", "4", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

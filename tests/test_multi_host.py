@@ -24,14 +24,14 @@ import msgpack
 import pytest
 
 from asyncrl.store import Store
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from tests.hosts import Hosts
 from tests.services import ROOT
 
 BIN = Path(sys.executable).parent
 RUN = "multihost"
 STEPS, MORE_STEPS, GROUPS_PER_STEP = 3, 5, 4
-JOB = ["python", "-m", "driver.train", "experiment=tiny_demo", f"name={RUN}", "warmup.steps=5",
+JOB = ["python", "-m", "asyncrl_run.train", "experiment=tiny_demo", f"name={RUN}", "warmup.steps=5",
        f"trainer.groups_per_step={GROUPS_PER_STEP}", "trainer.checkpoint_every=1",
        "trainer.weight_push.snapshot_every_pushes=1", "cluster.host=0.0.0.0",
        "cluster.placement.engines={rollout_node: 1}", "cluster.placement.gateway={rollout_node: 1}",

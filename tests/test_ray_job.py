@@ -17,7 +17,7 @@ from tests.services import ROOT, stop_tagged
 
 BIN = Path(sys.executable).parent
 JOB_OVERRIDES = "name=readme_ray total_steps=2 warmup.steps=5"
-"""Appended to the block's `driver.train` command: the same job, short."""
+"""Appended to the block's `asyncrl_run.train` command: the same job, short."""
 
 
 def readme_ray_block() -> str:

@@ -18,9 +18,9 @@ import pytest
 
 from asyncrl.config import RunConfig
 from asyncrl.store import TRAINER_GROUP, Store
-from driver.launcher import _prepare_run_dir, progress_line
-from driver.redis_server import EmbeddedRedis
-from driver.stall import stall_cause
+from asyncrl_run.launcher import _prepare_run_dir, progress_line
+from asyncrl_run.redis_server import EmbeddedRedis
+from asyncrl_run.stall import stall_cause
 from tests.services import ROOT
 
 STOP_LIMIT_S = 15.0
@@ -29,7 +29,7 @@ OVERRIDES = ["experiment=tiny_demo", "name=lifecycle", "warmup.steps=5", "total_
 
 
 def command(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "driver.train", *OVERRIDES, f"run_dir={run_dir}"]
+    return [sys.executable, "-m", "asyncrl_run.train", *OVERRIDES, f"run_dir={run_dir}"]
 
 
 def start(run_dir: Path, log: Path) -> subprocess.Popen:

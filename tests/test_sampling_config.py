@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from asyncrl.config import RolloutConfig, RunConfig, SamplingConfig, register_configs, to_dataclass
 from asyncrl.protocols.engine import SamplingParams as EngineSampling
 from asyncrl.protocols.gateway import ChatCompletionRequest
-from driver.launcher import orchestrator_section, write_config
+from asyncrl_run.launcher import orchestrator_section, write_config
 from envs.sdk.base import EpisodeContext
 from gateway.openai_api import chat_sampling, turn_sampling
 from gateway.sampling import check_sampling

@@ -1,6 +1,6 @@
 """Guards the layout rules (README.md "Layout"), three floors: `asyncrl` (what every process shares) imports no
 other package of the project; a component imports `asyncrl` only, never another component nor the run layer;
-the run layer (`driver`) may import any of them. No import circle anywhere among the project's modules, and no
+the run layer (`asyncrl_run`) may import any of them. No import circle anywhere among the project's modules, and no
 function over 60 lines outside the model and the tests.
 
 Everything is read from the AST, so an import inside a function (or under TYPE_CHECKING) counts like one at the
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("rollout", "gateway", "orchestrator", "envs", "trainer")
-RUN_LAYER = "driver"
+RUN_LAYER = "asyncrl_run"
 PACKAGES = ("asyncrl", RUN_LAYER) + COMPONENTS
 ALLOWED: dict[str, set[str]] = {"asyncrl": {"asyncrl"}, RUN_LAYER: set(PACKAGES),
                                  **{component: {"asyncrl", component} for component in COMPONENTS}}
@@ -184,16 +184,16 @@ def test_dependency_rule(package):
 
 
 def test_the_layering_check_finds_a_violation():
-    graph = {"gateway.core": {"asyncrl.store": 3, "driver.launcher": 9}, "asyncrl.store": {"trainer.data": 2},
-             "driver.launcher": {"gateway.core": 1, "orchestrator.core": 2, "asyncrl.store": 3}}
-    assert layering_violations(graph, "gateway") == {"gateway.core": ["driver"]}
+    graph = {"gateway.core": {"asyncrl.store": 3, "asyncrl_run.launcher": 9}, "asyncrl.store": {"trainer.data": 2},
+             "asyncrl_run.launcher": {"gateway.core": 1, "orchestrator.core": 2, "asyncrl.store": 3}}
+    assert layering_violations(graph, "gateway") == {"gateway.core": [RUN_LAYER]}
     assert layering_violations(graph, "asyncrl") == {"asyncrl.store": ["trainer"]}
     assert layering_violations(graph, RUN_LAYER) == {}
 
 
 def test_no_import_cycles():
     graph = import_graph(ROOT)
-    assert {"driver.cli", "gateway.server", "trainer.loop", "envs.sdk"} <= graph.keys()  # the whole project is read
+    assert {"asyncrl_run.cli", "gateway.server", "trainer.loop", "envs.sdk"} <= graph.keys()  # the whole project is read
     cycles = import_cycles(graph)
     assert not cycles, "import circles:\n" + "\n".join(describe(cycle, graph) for cycle in cycles)
 
@@ -229,10 +229,10 @@ def test_cli_entry_is_instant_and_lists_commands():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "driver.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "driver.cli", "nope"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "nope"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
     assert "engine serve" in out.stdout
@@ -242,10 +242,10 @@ def test_train_prints_resolved_config_and_rejects_bad_keys():
     import subprocess
     import sys
 
-    job = subprocess.run([sys.executable, "-m", "driver.train", "experiment=tiny_demo", "--cfg", "job"],
+    job = subprocess.run([sys.executable, "-m", "asyncrl_run.train", "experiment=tiny_demo", "--cfg", "job"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert job.returncode == 0, job.stderr
     assert "name: tiny_demo" in job.stdout and "trainer:" in job.stdout and "${" not in job.stdout
-    bad = subprocess.run([sys.executable, "-m", "driver.train", "rollout.max_runing_requests=3", "--cfg", "job"],
+    bad = subprocess.run([sys.executable, "-m", "asyncrl_run.train", "rollout.max_runing_requests=3", "--cfg", "job"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode != 0 and "max_runing_requests" in bad.stderr

@@ -3,7 +3,7 @@
     python -m trainer.run redis.url=redis://127.0.0.1:6379 name=myrun total_steps=100 trainer.lr=1e-5
     torchrun --nproc_per_node 4 -m trainer.run redis.url=... name=myrun      # data parallel
 
-The run config is composed exactly as `python -m driver.train` composes it (configs/, validated);
+The run config is composed exactly as `python -m asyncrl_run.train` composes it (configs/, validated);
 the trainer reads its own sections (trainer, model) plus redis.url, name, run_dir, seed, total_steps.
 Rank 0 runs the RL loop; other ranks follow it (TrainerBackend.follow). SIGTERM: the step in
 progress finishes, a checkpoint is written, its groups are acknowledged, exit 0.

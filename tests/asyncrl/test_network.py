@@ -11,7 +11,7 @@ import redis
 
 import asyncrl.network
 from asyncrl.network import GLOO_INTERFACE_ENV, NODE_IP_ENV, advertised_host, http_url, use_gloo_interface_towards
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from tests.services import ServiceProcess
 
 NODE = "127.0.0.3"

@@ -11,7 +11,7 @@ import redis.exceptions
 
 from asyncrl.store import RECORDED_TTL_S, Store
 from asyncrl.types import GroupRecord, Sample, TrainedTokens
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from tests.redis_faults import ReplyCuttingProxy
 
 

@@ -10,7 +10,7 @@ import httpx
 
 from asyncrl.config import EnvServiceConfig
 from asyncrl.supervisor import RESTART_ATTEMPTS, ServiceActor
-from driver.launcher import env_service_args
+from asyncrl_run.launcher import env_service_args
 
 
 def arithmetic_service(tmp_path, check_interval_s: float = 0.5) -> ServiceActor:

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from asyncrl.config import EnvServiceConfig
 from asyncrl.supervisor import ServiceActor
-from driver.launcher import env_interpreter, env_service_args
+from asyncrl_run.launcher import env_interpreter, env_service_args
 
 from tests.envs.isolation import NAMESPACES, SANDBOX_ARGS
 from tests.envs.scripted_llm import say

@@ -80,7 +80,7 @@ def test_the_launcher_passes_the_engine_wait_to_the_gateway(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from asyncrl.config import GatewayConfig, register_configs, to_dataclass
-    from driver.launcher import gateway_section, write_config
+    from asyncrl_run.launcher import gateway_section, write_config
     from gateway.server import parse_args
     from tests.services import ROOT
 

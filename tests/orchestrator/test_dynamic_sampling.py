@@ -199,7 +199,7 @@ def test_the_launcher_passes_dynamic_sampling_to_the_orchestrator(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from asyncrl.config import register_configs, to_dataclass
-    from driver.launcher import orchestrator_section, write_config
+    from asyncrl_run.launcher import orchestrator_section, write_config
     from orchestrator.server import parse_args
     from tests.services import ROOT
 

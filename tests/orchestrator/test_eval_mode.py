@@ -1,4 +1,4 @@
-"""`asyncrl eval` plays its split through the orchestrator (driver/evaluate.py eval_section): a real
+"""`asyncrl eval` plays its split through the orchestrator (asyncrl_run/evaluate.py eval_section): a real
 orchestrator with the evaluation's section, a real TITO gateway and engine, and TimedEnv services with a
 held-out split. Every task of the split is played once, in the env's order, by the training lifecycle (its
 deadlines, its retries); eval reads its figures from the groups that run recorded."""
@@ -6,8 +6,8 @@ deadlines, its retries); eval reads its figures from the groups that run recorde
 import asyncio
 
 from asyncrl.config import EnvServiceConfig
-from driver.evaluate import EvalSpec, _read_played, compose, eval_section
-from driver.launcher import orchestrator_section
+from asyncrl_run.evaluate import EvalSpec, _read_played, compose, eval_section
+from asyncrl_run.launcher import orchestrator_section
 from tests.orchestrator.conftest import journal, start_envs
 
 EVAL_FIELDS = {"group_size", "max_groups", "task_split", "task_order", "staleness_limit", "max_unconsumed_groups",

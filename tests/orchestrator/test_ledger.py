@@ -12,7 +12,7 @@ import asyncio
 
 from asyncrl.store import Store
 from asyncrl.types import GroupRecord
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from orchestrator.groups import Group, MemberState
 from orchestrator.ledger import Ledger
 from tests.redis_faults import AofTail, ReplyCuttingProxy

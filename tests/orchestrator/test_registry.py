@@ -18,7 +18,7 @@ def cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess:
     env.pop("ASYNCRL_ORCHESTRATOR_TOKEN", None)
     if token:
         env["ASYNCRL_ORCHESTRATOR_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "driver.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "asyncrl_run.cli", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT_DIR, timeout=60)
 
 

@@ -8,7 +8,7 @@ import torch
 from asyncrl.config import TrainerConfig
 from asyncrl.store import Store
 from asyncrl.types import GroupRecord
-from driver.redis_server import EmbeddedRedis
+from asyncrl_run.redis_server import EmbeddedRedis
 from tests.redis_faults import AofTail
 from tests.trainer.helpers import make_sample
 from trainer.advantages import ScoredSample, score_group

@@ -4,7 +4,7 @@ Against hand-written records (seconds): the login form, the curves drawn, the se
 with the trainer's record opened: as many tokens shown as trained as the sample's loss mask holds, as many
 shown masked by the IS band as its record says.
 
-Against a live short tiny_demo run (`python -m driver.train`, the run's orchestrator token set; a few
+Against a live short tiny_demo run (`python -m asyncrl_run.train`, the run's orchestrator token set; a few
 minutes): the dashboard, started with the run's token in its environment as the launcher's services have
 it, refuses a request without it, loads after logging in, its curves get new points as steps land
 (data-points of the reward chart grows between two steps), the engine and the env service show healthy,
@@ -27,23 +27,23 @@ import httpx
 import pytest
 
 from asyncrl.store import Store
-from driver.redis_server import EmbeddedRedis
-from tests.driver.dashboard.browser import (artifacts_dir, log_in, missing, open_first_sample, points,
+from asyncrl_run.redis_server import EmbeddedRedis
+from tests.asyncrl_run.dashboard.browser import (artifacts_dir, log_in, missing, open_first_sample, points,
                                      shown_as_trained, wait_for)
-from tests.driver.dashboard.samples import agent_sample, trained_record
-from tests.driver.dashboard.test_api import _write_run
+from tests.asyncrl_run.dashboard.samples import agent_sample, trained_record
+from tests.asyncrl_run.dashboard.test_api import _write_run
 from tests.services import ROOT, ServiceProcess
 
 TOKEN = "dashboard-test-token"
 
 
 def test_the_page_against_hand_written_records(browser, tmp_path, run_name):
-    """The trainer's record of a sample here is hand-written (tests/driver/dashboard/samples.py trained_record)."""
+    """The trainer's record of a sample here is hand-written (tests/asyncrl_run/dashboard/samples.py trained_record)."""
     redis = EmbeddedRedis(tmp_path / "redis").start()
     dashboard = None
     try:
         refs = asyncio.run(_write_run(redis.url, run_name, steps=12))
-        dashboard = ServiceProcess("driver.dashboard.server", ["--redis-url", redis.url, "--run", run_name,
+        dashboard = ServiceProcess("asyncrl_run.dashboard.server", ["--redis-url", redis.url, "--run", run_name,
                                                                 "--auth-token", TOKEN], tmp_path, name="dashboard")
         log_in(browser, dashboard.url, TOKEN)
         wait_for(lambda: points(browser, "chart-reward") == 12, 30, "12 points on the reward chart")
@@ -80,7 +80,7 @@ class LiveRun:
     def __init__(self, tmp_path: Path) -> None:
         self.run_dir, self.log = tmp_path / "dash_live", tmp_path / "dash_live.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "driver.train", "experiment=tiny_demo", f"name={self.run_dir.name}",
+            [sys.executable, "-m", "asyncrl_run.train", "experiment=tiny_demo", f"name={self.run_dir.name}",
              f"run_dir={self.run_dir}", f"total_steps={STEPS}", f"warmup.steps={WARMUP}", "trainer.groups_per_step=4",
              f"orchestrator.auth_token={TOKEN}"], cwd=ROOT, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         self.dashboard: ServiceProcess | None = None
@@ -89,7 +89,7 @@ class LiveRun:
         assert self.proc.poll() is None, self.log.read_text()[-4000:]
         self.redis_url = (self.run_dir / "redis.url").read_text()
         # The run's token in its environment, as the launcher's services have it.
-        self.dashboard = ServiceProcess("driver.dashboard.server", ["--run-dir", str(self.run_dir)], tmp_path,
+        self.dashboard = ServiceProcess("asyncrl_run.dashboard.server", ["--run-dir", str(self.run_dir)], tmp_path,
                                         name="dashboard", env={"ASYNCRL_ORCHESTRATOR_TOKEN": TOKEN})
 
     def api(self, path: str) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from orchestrator.run_record import envs_of
-from driver.run_summary import format_duration
+from asyncrl_run.run_summary import format_duration
 
 STALL_AFTER_S = 120.0
 """No step for this long (or 5 median steps, whichever is longer) is reported as a stall, with its reason."""

@@ -38,9 +38,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from asyncrl.store import Store
-from driver.redis_server import has_redis_data, replay_copy
-from driver.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
-from driver.stall import pause_reasons_of, stall_after_s, stall_cause, status_of_record
+from asyncrl_run.redis_server import has_redis_data, replay_copy
+from asyncrl_run.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
+from asyncrl_run.stall import pause_reasons_of, stall_after_s, stall_cause, status_of_record
 from orchestrator.run_record import envs_of
 OUTCOME_CLASSES = ("model", "environment", "infrastructure", "cancelled")
 COMMAND_TIMEOUT_S = 10.0
@@ -128,7 +128,7 @@ class RunView:
 
     def stall(self) -> Optional[dict[str, Any]]:
         """{idle_s, component, why} while a started, unfinished run has made no step for longer than the
-        launcher's stall line waits (driver/stall.py), else None. The orchestrator's record older than
+        launcher's stall line waits (asyncrl_run/stall.py), else None. The orchestrator's record older than
         STATUS_STALE_S names the orchestrator: its figures here are that old."""
         last = (self.trainer_times or [self.started_at])[-1]
         if self.finished or last is None or not self.now or not self.services:
@@ -255,7 +255,7 @@ class Summary:
 
     @classmethod
     def of_view(cls, view: RunView, run: str, source: str, run_dir: Optional[Path] = None) -> "Summary":
-        """The summary of what the stream holds, by the launcher's rules (driver/run_summary.py): reward
+        """The summary of what the stream holds, by the launcher's rules (asyncrl_run/run_summary.py): reward
         windows of REWARD_WINDOW steps, fewer when the run has under two; the final weights are the HF
         export at <run_dir>/final once the trainer wrote it, else the last pushed snapshot."""
         outcomes = {}

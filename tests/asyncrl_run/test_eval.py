@@ -7,7 +7,7 @@ from math import comb
 
 import pytest
 
-from driver.evaluate import EvalError, compose, model_dir, parse_args, pass_at_k, spec_from_args, summarize
+from asyncrl_run.evaluate import EvalError, compose, model_dir, parse_args, pass_at_k, spec_from_args, summarize
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:

@@ -1,8 +1,8 @@
-"""The run's summary (driver/run_summary.py): the agent metrics of the first and the last reward window."""
+"""The run's summary (asyncrl_run/run_summary.py): the agent metrics of the first and the last reward window."""
 
 from pathlib import Path
 
-from driver.run_summary import RunSummary, read_summary, summarize
+from asyncrl_run.run_summary import RunSummary, read_summary, summarize
 
 
 def records(n: int) -> list[dict]:

@@ -1,10 +1,10 @@
 """Where the dashboard reads a run: its Redis while it runs, a replay of its Redis data once it has ended.
 
-The run is found as `asyncrl watch` finds it (driver/watch.py `resolve`, `find_run`: <run_dir>/redis.url,
+The run is found as `asyncrl watch` finds it (asyncrl_run/watch.py `resolve`, `find_run`: <run_dir>/redis.url,
 the run dir's name or the one run in that Redis), and its `metrics` stream and `services` hash are folded
 by the same RunView. When the run's Redis stops answering (the run ended, its embedded Redis with it) and
 the run dir keeps its Redis data, a private redis-server is started on a copy of that data
-(driver/redis_server.py `replay_copy`) and the dashboard goes on from there, read-only as before. A read
+(asyncrl_run/redis_server.py `replay_copy`) and the dashboard goes on from there, read-only as before. A read
 that meets the closed connection first (the run ended since the last refresh) switches over at once and is
 answered from the replay (`RunSource.read`).
 """
@@ -21,11 +21,11 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
 from asyncrl.store import Store
-from driver.redis_server import has_redis_data, replay_copy
-from driver.watch import NotStarted, RunView, Target, find_run, refresh
+from asyncrl_run.redis_server import has_redis_data, replay_copy
+from asyncrl_run.watch import NotStarted, RunView, Target, find_run, refresh
 from orchestrator.run_record import envs_of
 
-log = logging.getLogger("driver.dashboard")
+log = logging.getLogger("asyncrl_run.dashboard")
 
 COMMAND_TIMEOUT_S = 10.0
 PER_ENV = ("env/", "filter_failed/")

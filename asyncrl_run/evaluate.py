@@ -4,7 +4,7 @@
         [--split eval] [--samples 8] [--k 1,8] [--tasks N] [--temperature 0] [--out result.json]
     asyncrl eval experiment=tiny_demo model.path=PATH [any other Hydra override]
 
-The config is the run's (Hydra, the same groups and validation as `driver.train`), and so is every
+The config is the run's (Hydra, the same groups and validation as `asyncrl_run.train`), and so is every
 piece that plays an episode: the launcher starts the engines, the gateway, the orchestrator and the env
 service exactly as in training, and the orchestrator runs every episode's lifecycle (session, dispatch,
 deadline, retries up to `orchestrator.max_attempts`, finish) with the training run's rules. What makes it an
@@ -79,7 +79,7 @@ def summarize(rewards: dict[str, list[float]], ks: list[int], threshold: float =
             "episodes": len(scored), "failed_episodes": sum(failed.values()), "tasks": tasks}
 
 
-# The driver --------------------------------------------------------------------------------------
+# The evaluation ----------------------------------------------------------------------------------
 @dataclass
 class EvalSpec:
     env: EnvServiceConfig
@@ -134,7 +134,7 @@ def _eval_config(cfg: RunConfig, spec: EvalSpec, model: str) -> RunConfig:
     the gateway follows, so nothing here touches a training run, even on a shared Redis or Ray cluster.
     redis.data_dir is the training run's: the evaluation's embedded server keeps its own AOF in its
     directory (run_dir: <run_dir>/eval/<stamp>-<env>, created here)."""
-    from driver.launcher import resolve_run_dir
+    from asyncrl_run.launcher import resolve_run_dir
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     eval_dir = resolve_run_dir(cfg.run_dir) / "eval" / f"{stamp}-{spec.env.name}"
@@ -174,7 +174,7 @@ class Played:
 
 def _play_on_services(ecfg: RunConfig, spec: EvalSpec, model: str, signals: Any) -> Played:
     """Redis, Ray, engines, gateway, orchestrator and env service(s) up, the split played, all down."""
-    from driver.launcher import ComponentFailed, Job, _redis_for, _start_ray, orchestrator_section
+    from asyncrl_run.launcher import ComponentFailed, Job, _redis_for, _start_ray, orchestrator_section
 
     eval_dir = Path(ecfg.run_dir)
     with ExitStack() as stack:
@@ -235,7 +235,7 @@ def _await_groups(job: Any, expected: int) -> None:
     """Until the orchestrator has recorded a group for every task; a component that cannot be brought back
     fails the evaluation, as it fails a run."""
     from asyncrl.store import store_call
-    from driver.launcher import SERVICE_CHECK_EVERY_S
+    from asyncrl_run.launcher import SERVICE_CHECK_EVERY_S
 
     started = last_check = time.monotonic()
     reported = 0
@@ -340,7 +340,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def compose(overrides: list[str]) -> RunConfig:
-    """The run config exactly as `driver.train` composes it (configs/, validated against RunConfig)."""
+    """The run config exactly as `asyncrl_run.train` composes it (configs/, validated against RunConfig)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     register_configs()
@@ -376,7 +376,7 @@ def spec_from_args(cfg: RunConfig, args: argparse.Namespace) -> EvalSpec:
 def main(argv: Optional[list[str]] = None) -> int:
     code = _main(list(sys.argv[1:] if argv is None else argv))
     if argv is None:  # the command: everything it started is stopped and flushed by now. Skip the
-        logging.shutdown()  # interpreter's finalization, as driver.train does: Ray's C++ core worker holds
+        logging.shutdown()  # interpreter's finalization, as asyncrl_run.train does: Ray's C++ core worker holds
         sys.stdout.flush()  # the exit ~10 s in its destructors
         sys.stderr.flush()
         os._exit(code)
@@ -404,7 +404,7 @@ def _main(argv: list[str]) -> int:
         log.warning("no experiment= override: configs/config.yaml's defaults apply (e.g. gateway.thinking %s, "
                     "max_new_tokens %d); pass the experiment the weights were trained with for its settings",
                     cfg.gateway.thinking, cfg.rollout.sampling.max_new_tokens)
-    from driver.launcher import ComponentFailed, StopSignals
+    from asyncrl_run.launcher import ComponentFailed, StopSignals
 
     signals = StopSignals()
     signals.install()

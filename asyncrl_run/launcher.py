@@ -40,16 +40,16 @@ from asyncrl.plugins import load_object
 from asyncrl.protocols.env_service import SERVICE_TOKEN_ENV
 from asyncrl.store import store_call
 from asyncrl.supervisor import ServiceActor
-from driver import leftovers
-from driver.redis_server import EmbeddedRedis
-from driver.run_metrics import Collector, TensorBoardMirror
-from driver.run_summary import RunSummary, format_duration, summarize
-from driver.stall import STATUS_STALE_S, stall_after_s, stall_cause
+from asyncrl_run import leftovers
+from asyncrl_run.redis_server import EmbeddedRedis
+from asyncrl_run.run_metrics import Collector, TensorBoardMirror
+from asyncrl_run.run_summary import RunSummary, format_duration, summarize
+from asyncrl_run.stall import STATUS_STALE_S, stall_after_s, stall_cause
 
 if TYPE_CHECKING:
-    from driver.wandb_mirror import WandbMirror
+    from asyncrl_run.wandb_mirror import WandbMirror
 
-log = logging.getLogger("driver.launcher")
+log = logging.getLogger("asyncrl_run.launcher")
 
 
 class ComponentFailed(RuntimeError):
@@ -289,7 +289,7 @@ class Job:
 
     def _start_wandb(self) -> WandbMirror:
         """The W&B run, with the resolved run config (section_data: secrets left out)."""
-        from driver.wandb_mirror import WandbMirror  # wandb is imported only by runs that log to it
+        from asyncrl_run.wandb_mirror import WandbMirror  # wandb is imported only by runs that log to it
 
         return WandbMirror(self.cfg.wandb, self.cfg.name, self.run_dir, section_data(self.cfg))
 

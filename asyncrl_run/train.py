@@ -1,4 +1,4 @@
-"""`python -m driver.train experiment=...`: compose the run config (Hydra) and run it.
+"""`python -m asyncrl_run.train experiment=...`: compose the run config (Hydra) and run it.
 
 Hydra flags work as usual: `--cfg job` prints the resolved config, `--help` lists the groups.
 The config is validated against asyncrl.config.RunConfig before anything starts.
@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"asyncrl: invalid config: {err}")
     from hydra.core.hydra_config import HydraConfig
 
-    from driver.launcher import run  # heavy imports only once the config is valid
+    from asyncrl_run.launcher import run  # heavy imports only once the config is valid
 
     code = run(run_cfg, experiment=HydraConfig.get().runtime.choices.get("experiment"))
     # Everything the run started is stopped and its files are flushed by now. Skip the interpreter's

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tests.driver.dashboard.test_api import _write_run
+from tests.asyncrl_run.dashboard.test_api import _write_run
 from tests.services import ServiceProcess
 from tests.test_fuzz_openapi import assert_healthy, fuzz
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(600)
 
 def test_dashboard_answers_no_5xx_to_schema_driven_input(redis_server, run_name, tmp_path):
     asyncio.run(_write_run(redis_server.url, run_name))
-    dashboard = ServiceProcess("driver.dashboard.server", ["--redis-url", redis_server.url, "--run", run_name,
+    dashboard = ServiceProcess("asyncrl_run.dashboard.server", ["--redis-url", redis_server.url, "--run", run_name,
                                                             "--log-level", "WARNING"], tmp_path, name="dashboard")
     try:
         found = fuzz(dashboard.url)

@@ -1,5 +1,5 @@
 """Run-level metrics: one time series in Redis (the `metrics` stream), mirrored to TensorBoard (and to
-W&B when `wandb.enabled`, driver/wandb_mirror.py, with the services' own /metrics).
+W&B when `wandb.enabled`, asyncrl_run/wandb_mirror.py, with the services' own /metrics).
 
 Sources (the `source` field of a record; each source has one record shape, written by one writer):
 * `trainer`: one record per step, appended by the trainer (trainer/loop.py step_metrics: reward, loss,
@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from asyncrl.service_metrics import ServiceScraper
 from asyncrl.store import Store
 
-log = logging.getLogger("driver.run_metrics")
+log = logging.getLogger("asyncrl_run.run_metrics")
 
 TRAINER_SCALARS = {
     "reward_mean": "rollout/reward_mean", "response_len_mean": "rollout/response_length",

@@ -18,12 +18,12 @@ import sys
 from typing import Optional
 
 from asyncrl.service import serve
-from driver.dashboard.access import resolve_token
-from driver.dashboard.app import build_app
-from driver.watch import WatchError, resolve
+from asyncrl_run.dashboard.access import resolve_token
+from asyncrl_run.dashboard.app import build_app
+from asyncrl_run.watch import WatchError, resolve
 
 DEFAULT_PORT = 8390
-log = logging.getLogger("driver.dashboard")
+log = logging.getLogger("asyncrl_run.dashboard")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

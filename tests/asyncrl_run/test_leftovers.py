@@ -1,4 +1,4 @@
-"""What a killed launcher left running is stopped by the next launch in its run dir (driver/leftovers.py);
+"""What a killed launcher left running is stopped by the next launch in its run dir (asyncrl_run/leftovers.py);
 a reused pid and a launcher still running are never touched."""
 
 import json
@@ -8,14 +8,14 @@ import sys
 import psutil
 import pytest
 
-from driver import leftovers
+from asyncrl_run import leftovers
 from tests.services import ROOT
 
 
 LAUNCHER = """
 import subprocess, sys, time
 from pathlib import Path
-from driver import leftovers
+from asyncrl_run import leftovers
 from tests.services import ROOT
 child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # outlives its parent, as Ray's agents do
 leftovers.record(Path(sys.argv[1]))

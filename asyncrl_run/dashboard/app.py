@@ -30,13 +30,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from asyncrl.service import install_error_handlers, install_metrics
 from asyncrl.store import Store
-from driver.dashboard.access import COOKIE, DashboardGuard, cookie_value
-from driver.dashboard.probes import Probes
-from driver.dashboard.source import RunSource, Unreadable
-from driver.dashboard.trajectories import PAGE_MAX, SCAN_MAX, SampleFilter, TrajectoryView, page
-from driver.watch import Target
+from asyncrl_run.dashboard.access import COOKIE, DashboardGuard, cookie_value
+from asyncrl_run.dashboard.probes import Probes
+from asyncrl_run.dashboard.source import RunSource, Unreadable
+from asyncrl_run.dashboard.trajectories import PAGE_MAX, SCAN_MAX, SampleFilter, TrajectoryView, page
+from asyncrl_run.watch import Target
 
-STATIC = Path(str(resources.files("driver.dashboard") / "static"))
+STATIC = Path(str(resources.files("asyncrl_run.dashboard") / "static"))
 STREAM_ID = r"^(\+|\d+-\d+)$"
 T = TypeVar("T")
 

@@ -10,13 +10,13 @@ from asyncrl.plugins import load_object
 
 # command words -> (module:function reading sys.argv, one-line help). Added as components land.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("driver.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
-    "eval": ("driver.evaluate:main", "score a checkpoint on an env's held-out tasks: mean reward, pass@k "
+    "train": ("asyncrl_run.train:main", "run an RL job (Hydra overrides, e.g. experiment=tiny_demo)"),
+    "eval": ("asyncrl_run.evaluate:main", "score a checkpoint on an env's held-out tasks: mean reward, pass@k "
              "(experiment=tiny_demo --model PATH)"),
     "engine serve": ("rollout.server:main", "serve the built-in CPU engine (SGLang native API)"),
     "gateway serve": ("gateway.server:main", "serve the TITO gateway (sessions, OpenAI chat, token-native)"),
-    "watch": ("driver.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
-    "dashboard": ("driver.dashboard.server:main", "web dashboard of a run: curves, services, trajectory browser "
+    "watch": ("asyncrl_run.watch:main", "live terminal dashboard of a run (--run-dir runs/NAME)"),
+    "dashboard": ("asyncrl_run.dashboard.server:main", "web dashboard of a run: curves, services, trajectory browser "
                   "(--run-dir runs/NAME)"),
     "orchestrator serve": ("orchestrator.server:main", "serve the orchestrator (env registry, scheduler, retries)"),
     "env register": ("orchestrator.cli:register", "register an env service with the orchestrator (it probes /health)"),

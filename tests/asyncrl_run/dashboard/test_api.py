@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from asyncrl.store import Store
-from driver.dashboard.app import build_app
-from driver.redis_server import EmbeddedRedis
-from driver.watch import Target
-from tests.driver.dashboard.samples import agent_sample, trained_record
+from asyncrl_run.dashboard.app import build_app
+from asyncrl_run.redis_server import EmbeddedRedis
+from asyncrl_run.watch import Target
+from tests.asyncrl_run.dashboard.samples import agent_sample, trained_record
 from tests.services import ServiceProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -191,7 +191,7 @@ def test_a_finished_run_is_read_from_a_replay_of_its_redis_data(tmp_path, run_na
 def test_a_read_as_the_run_ends_is_answered_from_the_replay(tmp_path, run_name, monkeypatch):
     """The run's Redis stops between the source's last refresh and a read (the page open at the run's end):
     the read is answered from the replay of its data, not dropped as an unhandled connection error."""
-    from driver.dashboard import source
+    from asyncrl_run.dashboard import source
 
     run_dir = tmp_path / run_name
     redis = EmbeddedRedis(run_dir / "redis", appendfsync="always").start()
@@ -210,7 +210,7 @@ def test_a_read_as_the_run_ends_is_answered_from_the_replay(tmp_path, run_name, 
 
 
 def test_a_run_whose_redis_is_gone_with_no_data_to_replay_is_a_503(tmp_path, run_name, monkeypatch):
-    from driver.dashboard import source
+    from asyncrl_run.dashboard import source
 
     run_dir = tmp_path / run_name
     redis = EmbeddedRedis(tmp_path / "elsewhere", appendfsync="always").start()  # its data not in the run dir
@@ -228,7 +228,7 @@ def test_a_run_whose_redis_is_gone_with_no_data_to_replay_is_a_503(tmp_path, run
 
 
 def test_a_replayed_run_whose_redis_comes_back_is_read_live_again(tmp_path, run_name, monkeypatch):
-    from driver.dashboard import source
+    from asyncrl_run.dashboard import source
 
     monkeypatch.setattr(source, "LIVE_RECHECK_S", 0.0)
     monkeypatch.setattr(source, "REFRESH_MIN_S", 0.0)
@@ -254,7 +254,7 @@ def test_a_replayed_run_whose_redis_comes_back_is_read_live_again(tmp_path, run_
 
 def test_the_command_serves_and_stops_cleanly_on_sigterm(tmp_path, run):
     url, name, _ = run
-    proc = ServiceProcess("driver.dashboard.server", ["--redis-url", url, "--run", name, "--auth-token", "t0k"],
+    proc = ServiceProcess("asyncrl_run.dashboard.server", ["--redis-url", url, "--run", name, "--auth-token", "t0k"],
                           tmp_path, name="dashboard")
     try:
         assert proc.url.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
@@ -273,13 +273,13 @@ def test_a_wrong_run_dir_is_exit_2(tmp_path):
 
     from tests.services import ROOT
 
-    done = subprocess.run([sys.executable, "-m", "driver.cli", "dashboard", "--run-dir", str(tmp_path / "nope")],
+    done = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "dashboard", "--run-dir", str(tmp_path / "nope")],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and "no run directory" in done.stderr
 
 
 def test_the_token_is_the_flag_else_the_dashboards_else_the_runs_orchestrator_token(monkeypatch):
-    from driver.dashboard.access import resolve_token
+    from asyncrl_run.dashboard.access import resolve_token
 
     monkeypatch.delenv("ASYNCRL_DASHBOARD_TOKEN", raising=False)
     monkeypatch.delenv("ASYNCRL_ORCHESTRATOR_TOKEN", raising=False)

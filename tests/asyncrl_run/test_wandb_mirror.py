@@ -1,4 +1,4 @@
-"""W&B logging (driver/wandb_mirror.py, asyncrl/service_metrics.py): the panel keys of the stream's
+"""W&B logging (asyncrl_run/wandb_mirror.py, asyncrl/service_metrics.py): the panel keys of the stream's
 records, the services' /metrics scraped from real HTTP servers, and real offline W&B runs read back
 with W&B's own reader: every WandbConfig field reaches the run, a resumed run dir continues the same
 W&B run past the rows it holds. Never online: WANDB_MODE=offline and mode offline."""
@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from asyncrl.config import WandbConfig
 from asyncrl.service_metrics import ServiceScraper
 from asyncrl.store import Store
-from driver.run_metrics import newer, orchestrator_key, trainer_key
-from driver.wandb_mirror import STATE_FILE, WandbMirror, resolve_mode
+from asyncrl_run.run_metrics import newer, orchestrator_key, trainer_key
+from asyncrl_run.wandb_mirror import STATE_FILE, WandbMirror, resolve_mode
 from tests.asyncrl.test_config import load
 from tests.wandb_files import read_offline_runs
 

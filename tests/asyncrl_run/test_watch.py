@@ -1,6 +1,6 @@
 """`asyncrl watch` in a pseudo-terminal against a real run's Redis, with the records its real writers
 append: a real orchestrator process (TimedEnv services: some episodes sleep long, so they stay in
-flight) and a real trainer stepping on real groups. The screen (tests/driver/terminal.py) shows the
+flight) and a real trainer stepping on real groups. The screen (tests/asyncrl_run/terminal.py) shows the
 env table, the orchestrator's in-flight count and its pause reason; when the last step is trained the
 dashboard turns into the finished run's summary; after the run (its Redis stopped) the summary comes
 from what the run dir keeps: its Redis data, or the launcher's summary.json. Wrong run dirs get one line
@@ -23,9 +23,9 @@ import torch
 from asyncrl.config import TrainerConfig, WeightPushConfig, load_model_section
 from asyncrl.model.model import Glm5ForCausalLM
 from asyncrl.store import Store
-from driver.redis_server import EmbeddedRedis
-from driver.run_summary import summarize
-from tests.driver.terminal import Terminal
+from asyncrl_run.redis_server import EmbeddedRedis
+from asyncrl_run.run_summary import summarize
+from tests.asyncrl_run.terminal import Terminal
 from tests.orchestrator.conftest import Orchestrator, start_envs
 from tests.services import ROOT
 from tests.trainer.helpers import policy_groups, write_groups
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(300)
 torch.set_num_threads(1)  # the tiny model on a shared 2-core box (tests/trainer/conftest.py)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-WATCH = [sys.executable, "-m", "driver.cli", "watch"]
+WATCH = [sys.executable, "-m", "asyncrl_run.cli", "watch"]
 
 
 def watch_once(*args: str) -> subprocess.CompletedProcess:
@@ -216,7 +216,7 @@ def test_a_run_dir_with_only_a_summary_shows_it(tmp_path):
 def test_records_of_runs_before_one_record_shape_still_fold_into_one_env_table():
     """Runs before issue 16 wrote two shapes under `orchestrator` (the launcher's, with the env table, and
     the orchestrator's, without): the dashboard keeps the env table across both."""
-    from driver.watch import RunView
+    from asyncrl_run.watch import RunView
 
     view = RunView()
     view.fold([("1000-0", "orchestrator", {"in_flight": 9.0, "env/arithmetic/in_flight": 9.0,
@@ -289,11 +289,11 @@ async def test_the_dashboard_of_a_run_whose_redis_goes_away_ends_in_its_summary(
 
 
 def test_watch_and_the_dashboard_name_what_stalls_a_run():
-    """No step for longer than the launcher's stall line waits: the view names the component (driver/stall.py),
+    """No step for longer than the launcher's stall line waits: the view names the component (asyncrl_run/stall.py),
     from the orchestrator's last record, or the orchestrator itself once that record is stale."""
     from rich.console import Console
 
-    from driver.watch import RunView, render
+    from asyncrl_run.watch import RunView, render
 
     view = RunView(total_steps=10, services={"started_at": "1000"})
     view.fold([("1010000-0", "trainer", {"step": 1.0}), ("1012000-0", "trainer", {"step": 2.0}),

@@ -24,9 +24,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from asyncrl.config import WandbConfig
-from driver.run_metrics import orchestrator_key, trainer_key
+from asyncrl_run.run_metrics import orchestrator_key, trainer_key
 
-log = logging.getLogger("driver.wandb_mirror")
+log = logging.getLogger("asyncrl_run.wandb_mirror")
 
 STATE_FILE = "wandb.json"
 """In the run dir: {"run_id", "after" (the last stream id logged), "step" (the last step logged to)}."""
