@@ -77,6 +77,8 @@ class Orchestrator:
         self.backpressure = Backpressure(cfg, store, self._signals(), self.wake)
         self._running: dict[str, dict[str, tuple[Group, Member, asyncio.Task]]] = {}
         """env_id -> episode_id -> the attempt running at that service."""
+        self.incarnation = 1
+        """This process's start number in the run (orch:meta `incarnation`, set by restore): part of its episode ids."""
         self.settling = 0
         """Attempts whose env service has answered (slot freed) and whose outcome is being recorded."""
         self._wake = asyncio.Event()
@@ -201,6 +203,7 @@ class Orchestrator:
         member.ready_at = max(member.ready_at, trigger)
         member.state, member.attempt, member.service, member.session_id = MemberState.running, member.attempt + 1, \
             service.env_id, None
+        member.incarnation = self.incarnation
         episode_id = group.episode_id(member)
         service.in_flight += 1
         q.in_flight += 1

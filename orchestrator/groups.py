@@ -37,6 +37,10 @@ class Member:
     state: MemberState = MemberState.pending
     attempt: int = 0
     """Dispatches so far; the episode id of dispatch k ends in `-a{k}`."""
+    incarnation: int = 1
+    """Which start of the run's orchestrator made the current dispatch. A restarted one (its r-th start)
+    adds `-r{r}` to its episode ids: the dead process may have sent attempts it had not yet written to
+    Redis (the ledger writes behind dispatch), and their ids must not name a second episode."""
     failures: int = 0
     service: Optional[str] = None
     """env_id of the service running (or that last ran) it."""
@@ -71,7 +75,8 @@ class Group:
         return cls(f"g{ordinal:07d}-{env}", env, task_id, ordinal, members)
 
     def episode_id(self, member: Member) -> str:
-        return f"{self.group_id}-m{member.index}-a{member.attempt}"
+        restart = f"-r{member.incarnation}" if member.incarnation > 1 else ""
+        return f"{self.group_id}-m{member.index}-a{member.attempt}{restart}"
 
     @property
     def complete(self) -> bool:

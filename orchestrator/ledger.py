@@ -10,6 +10,7 @@ Keys (prefix `asyncrl:{run}:`):
 | `orch:meta` | hash | group ordinal, per-env task cursors, counters |
 | `orch:batch` | string | id of the last batch applied (a retried batch is applied once) |
 | `orch:meta` `records`, `records_lost` | hash fields | group records appended so far, and how many of them a Redis restart lost |
+| `orch:meta` `incarnation` | hash field | how many times an orchestrator of this run has started (raised by each start's `load`) |
 | `groups` | stream | the trainer's stream: one GroupRecord per complete group (but filtered ones) |
 
 The dispatch loop changes groups in memory and marks them dirty; a writer task snapshots everything
@@ -61,6 +62,8 @@ class Snapshot:
     heartbeats: dict[str, float] = field(default_factory=dict)
     groups: list[Group] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
+    incarnation: int = 1
+    """This start's number among the run's orchestrator starts (1: the first)."""
 
 
 class Ledger:
@@ -99,11 +102,12 @@ class Ledger:
         pipe = self.redis.pipeline(transaction=True)
         for name in ("envs", "heartbeats", "groups", "meta"):
             pipe.hgetall(self.key(name))
-        envs, beats, groups, meta = await pipe.execute()
+        pipe.hincrby(self.key("meta"), "incarnation", 1)
+        envs, beats, groups, meta, incarnation = await pipe.execute()
         return Snapshot(services=[Service.decode(blob) for blob in envs.values()],
                         heartbeats={_s(k): float(v) for k, v in beats.items()},
                         groups=sorted((Group.decode(blob) for blob in groups.values()), key=lambda g: g.ordinal),
-                        meta={_s(k): _s(v) for k, v in meta.items()})
+                        meta={_s(k): _s(v) for k, v in meta.items()}, incarnation=int(incarnation))
 
     # Registry (rare, written at once) --------------------------------------------------------------
     async def save_service(self, service: Service) -> None:

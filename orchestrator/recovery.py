@@ -36,6 +36,7 @@ CONCURRENT_RECOVERIES = 256
 
 
 async def restore(orch: Orchestrator, snapshot: Snapshot) -> None:
+    orch.incarnation = snapshot.incarnation
     counters = Counters.from_meta(snapshot.meta)
     orch.counters.retried, orch.counters.ordinal = counters.retried, counters.ordinal
     orch.counters.filter_streak = counters.filter_streak

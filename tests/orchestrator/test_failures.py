@@ -2,6 +2,7 @@
 SIGKILLed mid-episode, a frozen service (missed heartbeats), a broken service (retries, give-up),
 the orchestrator itself SIGKILLed and restarted on the same Redis."""
 
+import re
 import signal
 import time
 from collections import defaultdict
@@ -9,10 +10,11 @@ from collections import defaultdict
 from tests.orchestrator.conftest import TIMED_ENV, group_records, journal, running_at, start_envs, starts_by_episode
 
 
-def member_of(episode_id: str) -> tuple[str, str, int]:
-    """'g0000003-timed-m1-a2' -> ('g0000003-timed', 'm1', 2)"""
-    group, member, attempt = episode_id.rsplit("-", 2)
-    return group, member, int(attempt[1:])
+def member_of(episode_id: str) -> tuple[str, str, tuple[int, int]]:
+    """'g0000003-timed-m1-a2' -> ('g0000003-timed', 'm1', (1, 2)): (orchestrator start, attempt), which
+    orders dispatches; a restarted orchestrator's 'g0000003-timed-m1-a1-r2' -> (..., (2, 1))."""
+    group, member, attempt, start = re.fullmatch(r"(.+)-(m\d+)-a(\d+)(?:-r(\d+))?", episode_id).groups()
+    return group, member, (int(start or 1), int(attempt))
 
 
 def assert_every_group_once(records, count: int, env: str = "timed", group_size: int = 4) -> None:
@@ -21,7 +23,7 @@ def assert_every_group_once(records, count: int, env: str = "timed", group_size:
     assert all(r.group_size == group_size for r in records)
 
 
-def completed_attempts(entries: list[dict]) -> dict[tuple[str, str], list[int]]:
+def completed_attempts(entries: list[dict]) -> dict[tuple[str, str], list[tuple[int, int]]]:
     done = defaultdict(list)
     for e in entries:
         if e["event"] == "end" and e["outcome"] == "completed":
@@ -115,7 +117,7 @@ async def test_an_episode_that_keeps_failing_is_given_up_after_max_attempts(orch
     attempts = defaultdict(list)
     for e in journal(tmp_path, run_name):
         if e["event"] == "start":
-            group, member, attempt = member_of(e["episode_id"])
+            group, member, (_, attempt) = member_of(e["episode_id"])
             attempts[(group, member)].append(attempt)
     assert sorted(attempts.values()) == [[1, 2, 3]] * 4
     assert 'asyncrl_orchestrator_episodes_total{env="timed",status="given_up"} 4.0' in orch.http.get("/metrics").text
@@ -140,14 +142,16 @@ async def test_orchestrator_killed_mid_run_resumes_on_restart(orchestrators, tmp
     assert status["completed"] == 48 and status["failed"] == 0 and status["groups_completed"] == 12
     assert status["completed"] >= before["completed"] and status["retried"] >= 1
     entries = journal(tmp_path, run_name)
+    starts = [e["episode_id"] for e in entries if e["event"] == "start"]
+    assert len(set(starts)) == len(starts)  # every dispatch has an id of its own, across the restart too
     done = completed_attempts(entries)
     assert len(done) == 48
     # an attempt may still complete at its service after the orchestrator died (before the service
     # noticed the dropped request); nobody counted it and the member ran again. Only those run twice.
     ends = {e["episode_id"]: e["at"] for e in entries if e["event"] == "end"}
     for (group, member), attempts in done.items():
-        for attempt in attempts[:-1]:
-            assert killed_at - 0.5 < ends[f"{group}-{member}-a{attempt}"] < killed_at + 5
+        for start, attempt in attempts[:-1]:
+            assert start == 1 and killed_at - 0.5 < ends[f"{group}-{member}-a{attempt}"] < killed_at + 5
     running_at_kill = [e for e in starts_by_episode(entries).values()
                        if e["at"] < killed_at and ends.get(e["episode_id"], killed_at) >= killed_at]
     assert running_at_kill
