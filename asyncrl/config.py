@@ -521,15 +521,22 @@ class MegatronConfig:
     """Expert-parallel ranks: routed experts are split across them (carved out of data parallelism)."""
 
 
+OPTIMIZERS = ("adamw", "muon")
+"""trainer.optimizer's values (trainer/optimizers.py)."""
+
+
 @dataclass
 class TrainerConfig:
     backend: str = "torch"
     """Plugin (asyncrl/plugins.py): `torch` (CPU default, DDP over gloo), `megatron` (megatron-core), or the
     import path of a TrainerBackend."""
     lr: float = 1e-5
-    """AdamW learning rate."""
+    """Learning rate (Muon's scaled to match AdamW's update size: one lr for both)."""
+    optimizer: str = "adamw"
+    """`adamw`, or `muon`: Muon for the hidden matrices (attention, MLPs, router, each routed expert), AdamW for
+    embeddings, head, norms and the MTP layer, as GLM-5 trains (trainer/optimizers.py). Torch backend only."""
     weight_decay: float = 0.0
-    """AdamW (decoupled) weight decay; 0: none."""
+    """Decoupled weight decay (both optimizers); 0: none."""
     grad_clip: float = 1.0
     """Global gradient L2-norm clip per optimizer step; 0: no clipping."""
     groups_per_step: int = 4
@@ -580,6 +587,10 @@ class TrainerConfig:
     """How and how often the trained weights reach the engines (WeightPushConfig)."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Only read by the megatron backend."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"trainer.optimizer {self.optimizer!r}: one of {', '.join(OPTIMIZERS)}")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The torch backend: asyncrl's own GLM-5 model, AdamW, data parallelism over torch.distributed.
+"""The torch backend: asyncrl's own GLM-5 model, AdamW or Muon (trainer/optimizers.py), data parallelism over
+torch.distributed.
 
 CPU by default (`trainer.device`), one process or several under torchrun (gloo; NCCL on GPU; see
 data_parallel.py). Master weights and optimizer state are fp32; `model.dtype: bfloat16` runs the
@@ -29,6 +30,7 @@ from trainer.backends.data_parallel import DataParallel
 from trainer.backends.leader import STOP, announce, follow_leader
 from trainer.losses import LossInputs, LossMetrics, build_loss
 from trainer.mtp_loss import clip_mtp_gradients, mtp_loss_mask, mtp_loss_terms
+from trainer.optimizers import build_optimizer
 from trainer.packing import MicroBatch
 
 METRIC_FIELDS = ("loss_tokens", "masked_tokens", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
@@ -81,8 +83,10 @@ class TorchBackend(TrainerBackend):
         self.optimizer = self._new_optimizer()
         self.loss_fn = build_loss(cfg.loss)
 
-    def _new_optimizer(self) -> torch.optim.AdamW:
-        return torch.optim.AdamW(self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+    def _new_optimizer(self):
+        trainable = {id(p) for p in self.trainable}
+        named = [(name, p) for name, p in self.model.named_parameters() if id(p) in trainable]
+        return build_optimizer(self.cfg.optimizer, named, self.cfg.lr, self.cfg.weight_decay)
 
     # Leader / followers ----------------------------------------------------------------------------
     @property

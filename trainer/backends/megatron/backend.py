@@ -48,6 +48,9 @@ class MegatronBackend(TrainerBackend):
         if cfg.mtp_loss_coef > 0:
             raise ValueError("megatron backend: trainer.mtp_loss_coef must be 0 (online MTP training is torch-backend "
                              "only: megatron-core trains its MTP block jointly with the decoder; docs/trainer.md)")
+        if cfg.optimizer != "adamw":
+            raise ValueError(f"megatron backend: trainer.optimizer={cfg.optimizer} is not supported (it builds "
+                             "megatron-core's Adam; Muon runs on the torch backend: trainer.backend=torch)")
         cpu_shims.install()
         from trainer.backends.megatron.hf_weights import Ranks
         from trainer.backends.megatron.model import ParallelSizes
