@@ -602,9 +602,14 @@ class WarmupStage:
     env_options: dict[str, Any] = field(default_factory=dict)
     """Constructor keyword arguments of the stage's env class."""
     steps: int = 0
-    """Supervised optimizer steps of the stage."""
+    """Supervised optimizer steps of the stage (the most it takes when `until_loss` is set)."""
     batch_size: int = 32
     """Demonstrations per optimizer step of the stage."""
+    until_loss: Optional[float] = None
+    """End the stage once its loss, averaged over its last LOSS_WINDOW steps (trainer/sft.py), is below
+    this. A stage that must end past its learning jump reaches it at a step that depends on the CPU's
+    floating point (the main job's copy stage: loss 0.01 at step 1,000 on an Intel host, ~1,350 on an AMD
+    one); a fixed step count stops some hosts before it. None: run `steps`."""
 
 
 @dataclass
@@ -894,9 +899,25 @@ def load_section(cls: type[Section], path: Optional[Path] = None, overrides: Opt
         raise ValueError(f"{cls.__name__}{'.' + key if key else ''}{f' ({path})' if path else ''}: {message}") from err
 
 
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+
+def asset_path(name: str) -> str:
+    """`${asset:NAME}` in a config: the absolute path of asyncrl/assets/NAME (shipped with the package, so it
+    is there in a Ray job's working-dir copy too)."""
+    path = ASSETS_DIR / name
+    if not path.exists():
+        shipped = ", ".join(sorted(p.name for p in ASSETS_DIR.iterdir()))
+        raise ValueError(f"${{asset:{name}}}: no {path} (the assets: {shipped})")
+    return str(path)
+
+
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (the yaml groups validate against them)."""
+    """Register the schemas with Hydra's ConfigStore (the yaml groups validate against them), and the
+    `${asset:NAME}` resolver."""
     from hydra.core.config_store import ConfigStore
+
+    OmegaConf.register_new_resolver("asset", asset_path, replace=True)
 
     cs = ConfigStore.instance()
     run, envs = OmegaConf.structured(RunConfig), OmegaConf.structured(EnvsConfig)

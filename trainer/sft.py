@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,6 +27,10 @@ from asyncrl.tokenizer import load_tokenizer
 from trainer.mtp_loss import MTPTerms, fit_mtp_layer, mtp_loss_terms
 
 log = logging.getLogger("trainer.sft")
+
+LOSS_WINDOW = 20
+"""Steps whose mean loss WarmupStage.until_loss is compared with: one batch's loss is noisy (a batch of long
+copies, an AdamW spike), and a stage stopped on one lucky batch would stop before its jump."""
 
 
 def tokenize_dialogue(template: GlmChatTemplate, messages: list[dict[str, Any]],
@@ -57,29 +62,55 @@ def warmup(model: ModelSection, cfg: WarmupConfig, out_dir: str, seed: int = 0) 
     """Train the stages, then `cfg.steps` supervised steps on cfg.env, and save an HF checkpoint; returns its
     directory."""
     torch.manual_seed(seed)
-    net = load_pretrained(model.path) if model.path else Glm5ForCausalLM.from_config(model.arch, seed=seed)
+    net = load_pretrained(model.path, dtype=torch.float32) if model.path else \
+        Glm5ForCausalLM.from_config(model.arch, seed=seed)  # fp32 master weights, whatever the checkpoint's dtype
     template = GlmChatTemplate(load_tokenizer(model.tokenizer), thinking=cfg.thinking)
-    for name in ("mtp_loss_coef", "mtp_distill_samples"):
-        if getattr(cfg, name) > 0 and not net.model.mtp_layers:
-            raise ValueError(f"warmup.{name} {getattr(cfg, name)}: the model has no MTP layer")
-    if cfg.mtp_depths < 1:
-        raise ValueError(f"warmup.mtp_depths must be >= 1, got {cfg.mtp_depths}")
+    _check(cfg, net)
     optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
     main = WarmupStage(env=cfg.env, env_options=cfg.env_options, steps=cfg.steps, batch_size=cfg.batch_size)
     for stage in [*cfg.stages, main]:
         env = load_object(stage.env)(**stage.env_options)
         examples = _examples(template, env, stage.steps * stage.batch_size, seed)
-        for step in range(stage.steps):
-            loss, mtp = _step(net, optimizer, rng.sample(examples, stage.batch_size), cfg.mtp_loss_coef, cfg.mtp_depths)
-            if step % 20 == 0 or step == stage.steps - 1:
-                log.info("warm-up on %s, step %d/%d: loss %.3f%s", stage.env, step + 1, stage.steps, loss,
-                         f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
-                         if mtp and mtp.count else "")
+        _train_stage(net, optimizer, stage, examples, rng, cfg)
     if cfg.mtp_distill_samples > 0:
         _distill_mtp(net, env, template, cfg, max(sum(mask) for _, mask in examples), seed)  # the main stage's
     save_pretrained(net, out_dir)
     return out_dir
+
+
+def _check(cfg: WarmupConfig, net: Glm5ForCausalLM) -> None:
+    for name in ("mtp_loss_coef", "mtp_distill_samples"):
+        if getattr(cfg, name) > 0 and not net.model.mtp_layers:
+            raise ValueError(f"warmup.{name} {getattr(cfg, name)}: the model has no MTP layer")
+    if cfg.mtp_depths < 1:
+        raise ValueError(f"warmup.mtp_depths must be >= 1, got {cfg.mtp_depths}")
+    for i, stage in enumerate(cfg.stages):
+        if stage.until_loss is not None and stage.until_loss <= 0:
+            raise ValueError(f"warmup.stages[{i}].until_loss must be > 0 (or null), got {stage.until_loss}")
+
+
+def _train_stage(net: Glm5ForCausalLM, optimizer: torch.optim.Optimizer, stage: WarmupStage,
+                 examples: list[tuple[list[int], list[int]]], rng: random.Random, cfg: WarmupConfig) -> None:
+    """`stage.steps` steps on batches drawn from `examples`, fewer when its mean loss gets below `until_loss`."""
+    recent: deque[float] = deque(maxlen=LOSS_WINDOW)
+    for step in range(stage.steps):
+        loss, mtp = _step(net, optimizer, rng.sample(examples, stage.batch_size), cfg.mtp_loss_coef, cfg.mtp_depths)
+        recent.append(loss)
+        reached = stage.until_loss is not None and len(recent) == LOSS_WINDOW and \
+            sum(recent) / LOSS_WINDOW < stage.until_loss
+        if step % 20 == 0 or step == stage.steps - 1 or reached:
+            log.info("warm-up on %s, step %d/%d: loss %.3f%s", stage.env, step + 1, stage.steps, loss,
+                     f", MTP loss {mtp.loss_sum.item() / mtp.count:.3f} accuracy {mtp.correct.item() / mtp.count:.2f}"
+                     if mtp and mtp.count else "")
+        if reached:
+            log.info("warm-up on %s: mean loss of the last %d steps %.4f < until_loss %g at step %d",
+                     stage.env, LOSS_WINDOW, sum(recent) / len(recent), stage.until_loss, step + 1)
+            return
+    if stage.until_loss is not None:
+        log.warning("warm-up on %s ended at its %d steps with mean loss %.4f, not below until_loss %g: "
+                    "the stage may not have learned what the next one builds on", stage.env, stage.steps,
+                    sum(recent) / max(len(recent), 1), stage.until_loss)
 
 
 def _examples(template: GlmChatTemplate, env, count: int, seed: int) -> list[tuple[list[int], list[int]]]:

@@ -60,3 +60,20 @@ def test_bad_key_inside_a_yaml_file_names_it(tmp_path):
 def test_inconsistent_model_config_names_the_field():
     with pytest.raises(ValueError, match="indexer_types must have num_hidden_layers entries"):
         load("model.arch.num_hidden_layers=3")
+
+
+def test_a_checkpoint_named_by_asset_is_the_shipped_one_and_matches_the_arch():
+    """The main job starts from asyncrl/assets/tiny_base (`${asset:tiny_base}`): the path resolves into the
+    package, and the checkpoint was built for the experiment's arch (a change of configs/model/tiny.yaml or of
+    the experiment without `python scripts/build_tiny_base.py` fails here, not in a run)."""
+    from dataclasses import asdict
+
+    from asyncrl.config import ASSETS_DIR, ModelConfig
+
+    cfg = load("experiment=file_lookup")
+    assert cfg.model.path == str(ASSETS_DIR / "tiny_base")
+    shipped, arch = asdict(ModelConfig.from_pretrained(cfg.model.path)), asdict(cfg.model.arch)
+    derived = {"torch_dtype", "mlp_layer_types"}  # the weights' dtype (bf16, as released); filled in from the arch
+    assert {k: v for k, v in shipped.items() if k not in derived} == {k: v for k, v in arch.items() if k not in derived}
+    with pytest.raises(Exception, match=r"\$\{asset:nothing\}: no .*assets/nothing \(the assets: .*tiny_base"):
+        load("experiment=file_lookup", "model.path=${asset:nothing}")

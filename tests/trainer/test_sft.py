@@ -4,6 +4,7 @@ agent's turns (tests/envs/test_file_lookup_env.py checks the tokens)."""
 
 import logging
 
+import pytest
 import torch
 
 from asyncrl.config import WarmupConfig, WarmupStage, load_model_section
@@ -43,3 +44,26 @@ def test_stages_train_in_order_before_the_main_stage(tmp_path, caplog):
     assert lines[-1].startswith("warm-up on envs.terminal.FileLookupEnv, step 2/2")
     assert [i for i, line in enumerate(lines) if "CopyEnv" in line] == list(range(len(lines) - 2))
     assert copy_loss(staged) < copy_loss(plain) - 0.3  # the copy stage trained the model that was saved
+
+
+def test_a_stage_with_until_loss_ends_when_its_mean_loss_is_below_it(tmp_path, caplog):
+    """A loss every step beats ends the stage after its first LOSS_WINDOW steps; one no step reaches runs the
+    stage to its `steps` and says so; a non-positive one is refused."""
+    from dataclasses import replace
+
+    from trainer.sft import LOSS_WINDOW
+
+    model = load_model_section("tiny")
+    main = dict(steps=1, batch_size=4, env="envs.terminal.FileLookupEnv", env_options={"names": "ab"}, lr=3e-3)
+    reached, missed = replace(COPY, steps=30, batch_size=4, until_loss=100.0), replace(COPY, steps=30, batch_size=4,
+                                                                                      until_loss=1e-9)
+    with caplog.at_level(logging.INFO, logger="trainer.sft"):
+        warmup(model, WarmupConfig(stages=[reached, missed], **main), str(tmp_path / "w"))
+    steps = [r.getMessage() for r in caplog.records if "CopyEnv, step" in r.getMessage()]
+    assert steps[-1].startswith("warm-up on envs.tasks.CopyEnv, step 30/30")  # the second stage ran to its end
+    assert sum(f"step {LOSS_WINDOW}/30" in line for line in steps) == 1  # the first stopped there
+    assert any("mean loss of the last 20 steps" in r.getMessage() and "until_loss 100" in r.getMessage()
+               for r in caplog.records)
+    assert any(r.levelno == logging.WARNING and "not below until_loss 1e-09" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match=r"warmup.stages\[0\].until_loss must be > 0"):
+        warmup(model, WarmupConfig(stages=[replace(COPY, until_loss=0.0)], **main), str(tmp_path / "bad"))
