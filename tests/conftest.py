@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from asyncrl_run.redis_server import EmbeddedRedis
+from tests.envs.service_process import ServiceProcess
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +62,13 @@ def tiny_checkpoint(tmp_path_factory, tiny_arch):
 def tiny_checkpoint_b(tmp_path_factory, tiny_arch):
     """The same architecture with other weights (seed 1): a 'new version' for weight updates."""
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-seed1"), tiny_arch, seed=1)
+
+
+@pytest.fixture(autouse=True)
+def _no_env_service_outlives_its_test():
+    """Stops the env services a test spawned and did not stop (it failed before its stop()); those of
+    session fixtures (spawned before the test) stay."""
+    before = set(ServiceProcess.live)
+    yield
+    for service in ServiceProcess.live - before:
+        service.stop()

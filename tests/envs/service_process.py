@@ -19,6 +19,10 @@ class ServiceProcess:
     """`python -m envs.serve --env ENV ...` of this checkout; with `python` (another venv's interpreter) run in
     `workdir` and without this checkout on its path, so that it imports only what that venv has installed."""
 
+    live: set["ServiceProcess"] = set()
+    """Spawned and not stopped: tests/conftest.py stops what a test left (an assertion that failed before its
+    stop() left a service running through every later test)."""
+
     def __init__(self, env: str, workdir: Path, *args: str, python: Optional[Path] = None):
         self.env = env
         self.url_file = workdir / f"{env.rsplit('.', 1)[-1]}-{time.monotonic_ns()}.url"
@@ -39,6 +43,7 @@ class ServiceProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=self.environ)
+        ServiceProcess.live.add(self)
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> "ServiceProcess":
@@ -62,6 +67,7 @@ class ServiceProcess:
         """SIGTERM, then SIGKILL if it does not exit within 20 s."""
         if self.proc is None:
             return None
+        ServiceProcess.live.discard(self)
         self.terminate()
         try:
             return self.proc.wait(timeout=20)
