@@ -2,8 +2,8 @@
 tool calls executed in the namespace sandbox, the recorded samples keep every tool output out of the loss
 mask, and the trained policy's held-out reward exceeds the warm-up's (`asyncrl eval`, the 100 held-out tasks x
 4 samples). The warm-up's expert is lazy in half its demonstrations (it replies after reading one file), so
-the base scores ~0.06 and RL's first lesson is to read both files (docs/envs.md "File lookup" lists the
-runs: every run of this config ended well above its warm-up)."""
+the base scores ~0.19 and RL's first lesson is to read both files (bench/results/main_job_runs.md lists the
+runs of the main job's configs)."""
 
 import asyncio
 import json
