@@ -607,9 +607,10 @@ class WarmupStage:
     """Demonstrations per optimizer step of the stage."""
     until_loss: Optional[float] = None
     """End the stage once its loss, averaged over its last LOSS_WINDOW steps (trainer/sft.py), is below
-    this. A stage that must end past its learning jump reaches it at a step that depends on the CPU's
-    floating point (the main job's copy stage: loss 0.01 at step 1,000 on an Intel host, ~1,350 on an AMD
-    one); a fixed step count stops some hosts before it. None: run `steps`."""
+    this. A stage that must end past its learning jump reaches it at a step that depends on the sample stream
+    and the CPU's floating point (the copy stage of scripts/build_tiny_base.py: loss 0.01 at step 1,000 on an
+    Intel host, ~1,250 to past 1,840 on an AMD one); a fixed step count stops some hosts before it. None: run
+    `steps`."""
 
 
 @dataclass
@@ -617,10 +618,10 @@ class WarmupConfig:
     """Supervised warm-up before RL (0 steps: none). Produces <run_dir>/warmup, reused by later runs."""
 
     stages: list[WarmupStage] = field(default_factory=list)
-    """Stages run in order before the main one (env, steps), with the same optimizer and lr. The main job's
-    first stage is a copy task over digits: the tiny model starts from random weights where a real run starts
-    from a pretrained LM, and without the copying a pretrained model can do, its first 300+ demonstration
-    steps learn only the format (docs/envs.md "File lookup"). Each stage is cheap: its sequences are short."""
+    """Stages run in order before the main one (env, steps), with the same optimizer and lr. E.g. a copy task
+    over digits for a model from random weights, where a real run starts from a pretrained LM: without the
+    copying a pretrained model can do, the tiny model's first 300+ demonstration steps learn only the format
+    (scripts/build_tiny_base.py runs that stage once for the main job; docs/envs.md "File lookup")."""
     steps: int = 0
     """Supervised optimizer steps before RL; 0: no warm-up."""
     env: str = "envs.tasks.ArithmeticEnv"
