@@ -2,12 +2,18 @@
 matrix of its own, AdamW on the rest; its state survives a checkpoint; it trains; the megatron backend refuses
 it by name."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from asyncrl.config import ModelSection, TrainerConfig
+from asyncrl.config import TrainerConfig
 from asyncrl.model.model import Glm5ForCausalLM
 from tests.trainer.test_torch_backend import assert_same, backend, step_inputs, weights
+from tests.services import ROOT
+from tests.trainer.conftest import SUBPROCESS_ENV
 from tests.trainer.helpers import policy_groups
 from trainer.optimizers import MuonWithAdamW, build_optimizer
 
@@ -72,10 +78,17 @@ def advantage_weighted_logprob(b, mbs) -> float:
     return sum(float((b.logprobs(mb) * mb.advantages * mb.loss_mask).sum()) for mb in mbs)
 
 
-def test_an_unknown_optimizer_and_muon_on_megatron_are_refused_by_name(tiny_section):
+def test_an_unknown_optimizer_and_muon_on_megatron_are_refused_by_name():
     with pytest.raises(ValueError, match="trainer.optimizer 'sgd': one of adamw, muon"):
         TrainerConfig(optimizer="sgd")
-    from trainer.backends.megatron.backend import MegatronBackend
+    # in a process of its own: this one must not import the megatron backend (test_registry_imports_only_...)
+    refusal = subprocess.run([sys.executable, "-c", MEGATRON_MUON], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, **SUBPROCESS_ENV}, timeout=120)
+    assert "megatron backend: trainer.optimizer=muon is not supported" in refusal.stderr, refusal.stderr[-2000:]
 
-    with pytest.raises(ValueError, match="megatron backend: trainer.optimizer=muon is not supported"):
-        MegatronBackend(TrainerConfig(backend="megatron", optimizer="muon"), ModelSection(arch=tiny_section.arch))
+
+MEGATRON_MUON = """
+from asyncrl.config import TrainerConfig, load_model_section
+from trainer.backends.megatron.backend import MegatronBackend
+MegatronBackend(TrainerConfig(backend="megatron", optimizer="muon"), load_model_section("tiny"))
+"""
