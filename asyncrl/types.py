@@ -133,6 +133,26 @@ class Sample:
         return cls(**payload)
 
 
+def agent_health(samples: list[Sample]) -> dict[str, float]:
+    """Per sample means of the agent's turns and tool use (docs/run.md "Agent metrics"): model turns, tool
+    calls the gateway parsed from the model's replies, tool calls it opened that did not parse, and tool errors
+    the env's tool log counted (refused calls, failed commands; the episode's count, on its first segment).
+    The trainer logs them per step, `asyncrl eval` per held-out split: one definition for both."""
+    def mean(values) -> float:
+        return float(np.mean(list(values))) if samples else 0.0
+
+    return {"turns_mean": mean(s.num_turns for s in samples),
+            "tool_calls_mean": mean(s.metadata.get("tool_calls", 0) for s in samples),
+            "tool_call_parse_failures_mean": mean(s.metadata.get("tool_call_parse_failures", 0) for s in samples),
+            "tool_errors_mean": mean(_tool_errors(s) for s in samples)}
+
+
+def _tool_errors(sample: Sample) -> int:
+    if sample.metadata.get("segment", 0) != 0:
+        return 0
+    return int(((sample.metadata.get("info") or {}).get("tools") or {}).get("errors", 0))
+
+
 @dataclass
 class GroupRecord:
     """A complete GRPO group: every member episode finished or was given up.

@@ -166,6 +166,8 @@ class Played:
     """Task -> members given up."""
     reasons: dict[str, int]
     """How the episodes ended (completed, max_turns, env_error, ...), each counted once."""
+    agent: dict[str, float]
+    """The played samples' turns and tool use, per sample (asyncrl.types.agent_health: as the trainer logs it)."""
     n_available: int
     """Tasks the split has (n_tasks can be fewer: --tasks)."""
     max_turns: Optional[int]
@@ -258,16 +260,17 @@ async def _read_played(redis_url: str, name: str, tasks: list[str]) -> Played:
     samples (a member is its session's samples; a member given up has a `failed` one, or none when no
     session could be opened for it)."""
     from asyncrl.store import Store
-    from asyncrl.types import GroupRecord
+    from asyncrl.types import GroupRecord, agent_health
 
     store = Store.connect(redis_url, name)
     try:
         records = [GroupRecord.decode(f) for _, f in await store.redis.xrange(store.key("groups"))]
-        rewards, failed, reasons = {t: [] for t in tasks}, dict.fromkeys(tasks, 0), Counter()
+        rewards, failed, reasons, played = {t: [] for t in tasks}, dict.fromkeys(tasks, 0), Counter(), []
         for record in records:
             members = {}  # session id -> the member's first segment (its segments share reward and status)
             for sample in await store.get_samples(record.sample_refs):
                 members.setdefault(sample.session_id, sample)
+                played += [sample] if sample.status != "failed" else []
             for member in members.values():
                 reasons[member.outcome_reason or "unknown"] += 1
                 if member.status == "failed":
@@ -277,7 +280,8 @@ async def _read_played(redis_url: str, name: str, tasks: list[str]) -> Played:
             unrecorded = record.group_size - len(members)
             failed[record.task_id] += unrecorded
             reasons["no_session"] += unrecorded
-        return Played(rewards, failed, {r: n for r, n in sorted(reasons.items()) if n}, len(tasks), None, None)
+        return Played(rewards, failed, {r: n for r, n in sorted(reasons.items()) if n},
+                      {k: round(v, 4) for k, v in agent_health(played).items()}, len(tasks), None, None)
     finally:
         await store.close()
 
@@ -302,6 +306,7 @@ def _result(cfg: RunConfig, ecfg: RunConfig, spec: EvalSpec, model: str, played:
         "k": spec.ks, "mean_reward": summary["mean_reward"], "pass_at_k": summary["pass_at_k"],
         "pass_at_k_tasks": summary["pass_at_k_tasks"], "pass_threshold": spec.pass_threshold,
         "episodes": summary["episodes"], "failed_episodes": summary["failed_episodes"], "reasons": played.reasons,
+        "agent": played.agent,
         "sampling": asdict(cfg.rollout.sampling), "max_turns": played.max_turns,
         "episode_timeout_s": played.deadline_s, "seed": cfg.seed, "experiment": cfg.name, "eval_name": ecfg.name,
         "eval_dir": ecfg.run_dir, "wall_s": round(wall_s, 1),
@@ -431,7 +436,15 @@ def report(result: dict[str, Any]) -> str:
     return (f"asyncrl eval: {result['env']} ({result['split']} split, {result['n_tasks']} tasks x "
             f"{result['samples_per_task']} samples, temperature {temperature:g}): mean reward "
             f"{fmt(result['mean_reward'])}, {passes}; {result['failed_episodes']} failed episodes "
-            f"({result['wall_s']:.0f} s)")
+            f"({result['wall_s']:.0f} s)" + _agent_report(result["agent"]))
+
+
+def _agent_report(agent: dict[str, float]) -> str:
+    if not agent.get("tool_calls_mean") and not agent.get("tool_call_parse_failures_mean"):
+        return ""
+    return (f"; per sample: turns {agent['turns_mean']:.2f}, tool calls {agent['tool_calls_mean']:.2f}, "
+            f"tool-call parse failures {agent['tool_call_parse_failures_mean']:.2f}, "
+            f"tool errors {agent['tool_errors_mean']:.2f}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def cpu_model() -> str:
 def report(args, run_dir: Path, wall_s, results: dict, windows: list[dict], load: tuple) -> list[str]:
     base, final = results["warmup"], results["final"]
     ks = list(base["pass_at_k"])
-    rows = [f"| {name} | {r['mean_reward']:.3f} | " + " | ".join(f"{r['pass_at_k'][k]:.3f}" for k in ks) + " |"
+    rows = [f"| {name} | {r['mean_reward']:.3f} | " + " | ".join(f"{r['pass_at_k'][k]:.3f}" for k in ks)
+            + f" | {r['agent']['tool_calls_mean']:.2f} | {r['agent']['tool_call_parse_failures_mean']:.2f} |"
             for name, r in (("base (warm-up)", base), ("trained (final)", final))]
     return ["# The main job: held-out pass@1 before and after RL", "",
             f"Command: `{' '.join(['python', *sys.argv])}` (load average {load[0]:.2f} at start; host: {cpu_model()}).  ",
@@ -69,8 +70,9 @@ def report(args, run_dir: Path, wall_s, results: dict, windows: list[dict], load
             f"Eval: `asyncrl eval experiment={args.experiment} --model <run_dir>/<weights> --samples {args.samples}`, "
             f"{base['n_tasks']} held-out tasks x {args.samples} samples at temperature "
             f"{base['sampling']['temperature']:g}, {base['failed_episodes'] + final['failed_episodes']} failed episodes.",
-            "", "| weights | mean reward | " + " | ".join(f"pass@{k}" for k in ks) + " |",
-            "|---|---|" + "---|" * len(ks), *rows, "",
+            "", "| weights | mean reward | " + " | ".join(f"pass@{k}" for k in ks)
+            + " | tool calls | parse failures |", "|---|---|" + "---|" * (len(ks) + 2), *rows, "",
+            "(tool calls and tool-call parse failures per held-out sample: the eval result's `agent`.)", "",
             f"RL raised held-out pass@1 by **{final['pass_at_k']['1'] - base['pass_at_k']['1']:+.3f}**.", "",
             "Agent metrics per sample, means over windows of 10 steps (the trainer's step records):", "",
             "| steps | reward | turns | tool calls | parse failures | tool errors | tokens |", "|---|---|---|---|---|---|---|",

@@ -67,6 +67,7 @@ def test_eval_scores_warmed_up_weights_above_random_init(tmp_path, tiny_arch):
                                                                                                 SAMPLES, KS)
         assert result["n_tasks_available"] == 14 and result["failed_episodes"] == 0
         assert result["episodes"] == TASKS * SAMPLES and result["sampling"]["temperature"] == 1.0
+        assert result["agent"]["turns_mean"] == 1.0 and result["agent"]["tool_calls_mean"] == 0.0  # one reply, no tools
         tasks = result["tasks"]
         assert [t["task_id"] for t in tasks] == [f"arith-eval-{i:05d}" for i in range(TASKS)]  # held-out ids only
         assert all(t["n"] == SAMPLES and len(t["rewards"]) == SAMPLES for t in tasks)

@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from asyncrl.types import Sample, TrainedTokens
+from asyncrl.types import Sample, TrainedTokens, agent_health
 from trainer.backends.base import SampleTokens
 from trainer.data import StepBatch
 from trainer.losses import TrustBand
@@ -135,28 +135,10 @@ def _health(samples: list[Sample], trained: dict[str, SampleTokens], band: Optio
             rollout["reward_mean"] = float(np.mean([s.reward for s in trained_samples]))
         rollout |= {"response_len_mean": float(np.mean([int(s.loss_mask.sum()) for s in trained_samples])),
                     "episode_len_mean": float(np.mean([s.num_tokens for s in trained_samples])),
-                    "turns_mean": float(np.mean([s.num_turns for s in trained_samples])), **agent_health(trained_samples)}
+                    **agent_health(trained_samples)}
     rollout |= {f"outcome/{label}": float(n) for label, n in sorted(Counter(map(outcome_label, samples)).items())}
     out.update({f"{prefix}rollout/{k}": float(v) for k, v in rollout.items()})
     return out
-
-
-def agent_health(samples: list[Sample]) -> dict[str, float]:
-    """Per sample means of the agent's tool use (docs/run.md "Agent metrics"): tool calls the gateway parsed
-    from the model's replies, tool calls it opened that did not parse, and tool errors the env's tool log
-    counted (refused calls, failed commands; the episode's count, on its first segment)."""
-    def mean(values) -> float:
-        return float(np.mean(list(values)))
-
-    return {"tool_calls_mean": mean(s.metadata.get("tool_calls", 0) for s in samples),
-            "tool_call_parse_failures_mean": mean(s.metadata.get("tool_call_parse_failures", 0) for s in samples),
-            "tool_errors_mean": mean(_tool_errors(s) for s in samples)}
-
-
-def _tool_errors(sample: Sample) -> int:
-    if sample.metadata.get("segment", 0) != 0:
-        return 0
-    return int(((sample.metadata.get("info") or {}).get("tools") or {}).get("errors", 0))
 
 
 def trained_records(batch: StepBatch, trained: dict[str, SampleTokens], band: Optional[TrustBand], step: int,

@@ -50,6 +50,7 @@ async def test_every_held_out_task_is_played_once_with_the_training_retries(gate
     assert played.failed == {f"e-{i:04d}": 1 for i in range(4)}
     assert all(len(rewards) == 2 for rewards in played.rewards.values())  # members 1 and 2, in member order
     assert played.reasons == {"completed": 8, "deadline_exceeded": 4}
+    assert played.agent["turns_mean"] == 1.0 and played.agent["tool_calls_mean"] == 0.0  # the scored members' turns
     starts = [e for e in journal(tmp_path) if e["event"] == "start"]
     assert {e["task_id"] for e in starts} == {f"e-{i:04d}" for i in range(4)}  # held-out tasks only
     assert sum(e["episode_id"].endswith("-m0-a2") for e in starts) == 4  # the stalled member: two attempts each
