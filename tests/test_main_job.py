@@ -1,9 +1,10 @@
 """The main job (`make run`, experiment=file_lookup, its 30 RL steps): the agent's episodes are multi-turn with
 tool calls executed in the namespace sandbox, the recorded samples keep every tool output out of the loss
-mask, and the trained policy's held-out reward exceeds the warm-up's (`asyncrl eval`, the 100 held-out tasks x
-4 samples). The warm-up's expert is lazy in half its demonstrations (it replies after reading one file), so
-the base scores ~0.19 and RL's first lesson is to read both files (bench/results/main_job_runs.md lists the
-runs of the main job's configs)."""
+mask, and on the held-out split (`asyncrl eval`, 100 tasks x 4 samples) the trained policy scores above the
+warm-up's and reads both files in most episodes (>= 1.5 tool calls per sample). How lazy the warmed-up agent
+is depends on the warm-up's sample stream and the host's floating point (1.2-1.7 calls per sample in the first
+steps with three seeds on one host, 1.58 on a CI host), so the test asserts where RL ends, not how far it rose. Every run of the config is in
+bench/results/main_job_runs.md."""
 
 import asyncio
 import json
@@ -15,6 +16,7 @@ import pytest
 
 from asyncrl.store import Store
 from asyncrl.tokenizer import load_tokenizer
+from asyncrl.types import agent_health
 from tests.envs.isolation import NAMESPACES
 from tests.services import ROOT
 from tests.test_e2e_run import _in_copy, launch
@@ -30,12 +32,21 @@ async def _samples(url: str, run: str):
         await store.close()
 
 
-def held_out_reward(model, out) -> float:
+def held_out(model, out) -> dict:
+    """`asyncrl eval` of `model` on the 100 held-out tasks x 4 samples: its result JSON."""
     proc = subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", "experiment=file_lookup", "--model", str(model),
                            "--tasks", "100", "--samples", "4", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())["mean_reward"]
+    return json.loads(out.read_text())
+
+
+def by_thirds(samples) -> list[dict]:
+    """Reward and tool use of the samples whose first token came from each third of the weight versions:
+    printed, so that a failing run's log shows how RL went."""
+    thirds = [[s for s in samples if i * STEPS // 3 <= s.first_weight_version < (i + 1) * STEPS // 3] for i in range(3)]
+    return [{"samples": len(part), "reward": round(float(np.mean([s.reward for s in part])), 3),
+             **{k: round(v, 2) for k, v in agent_health(part).items()}} for part in thirds if part]
 
 
 def check_tool_outputs_are_outside_the_loss(sample, tokenizer) -> None:
@@ -68,16 +79,16 @@ def test_the_main_job_trains_a_multi_turn_tool_using_agent(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and set(summary["outcomes"]["file-lookup"]) == {"model"}
     samples = asyncio.run(_in_copy(run_dir, tmp_path / "redis-copy", _samples))
+    print("in-run, by thirds of the weight versions:", by_thirds(samples))
     tools = [s.metadata["info"].get("tools", {}).get("calls", 0) for s in samples]
-    early = [n for s, n in zip(samples, tools) if s.first_weight_version < STEPS // 3]
-    late = [n for s, n in zip(samples, tools) if s.first_weight_version >= 2 * STEPS // 3]
     assert np.mean([s.num_turns for s in samples]) >= 2.0, np.mean([s.num_turns for s in samples])  # multi-turn
-    # tool use rises under RL (the lazy expert's agent skips a file; measured 1.19 -> 1.73 calls per episode)
-    assert np.mean(late) >= 1.5 and np.mean(late) > np.mean(early) + 0.2, (np.mean(early), np.mean(late))
     tokenizer = load_tokenizer("builtin:tiny")
     for sample in [s for s, n in zip(samples, tools) if n >= 2][:50]:
         check_tool_outputs_are_outside_the_loss(sample, tokenizer)
-    base = held_out_reward(run_dir / "warmup", tmp_path / "base.json")
-    trained = held_out_reward(run_dir / "final", tmp_path / "trained.json")
-    print(f"held-out reward: warm-up {base:.3f}, trained {trained:.3f}")
-    assert trained > base, (base, trained)
+    base = held_out(run_dir / "warmup", tmp_path / "base.json")
+    trained = held_out(run_dir / "final", tmp_path / "trained.json")
+    figures = {name: (r["mean_reward"], r["agent"]) for name, r in (("warm-up", base), ("trained", trained))}
+    print("held-out reward and tool use:", figures)
+    assert trained["mean_reward"] > base["mean_reward"], figures
+    # the trained agent reads both files in most held-out episodes (each number is only in a tool's output)
+    assert trained["agent"]["tool_calls_mean"] >= 1.5, figures
