@@ -270,7 +270,8 @@ async def _read_played(redis_url: str, name: str, tasks: list[str]) -> Played:
             members = {}  # session id -> the member's first segment (its segments share reward and status)
             for sample in await store.get_samples(record.sample_refs):
                 members.setdefault(sample.session_id, sample)
-                played += [sample] if sample.status != "failed" else []
+                if sample.status != "failed":
+                    played.append(sample)
             for member in members.values():
                 reasons[member.outcome_reason or "unknown"] += 1
                 if member.status == "failed":
