@@ -9,6 +9,8 @@ module imports nothing of the gateway and every module may raise them without cl
 
 from __future__ import annotations
 
+from typing import Awaitable, Callable
+
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,4 +83,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)  # nobody reads it: the client left
 
     for error, status in STATUS_OF:
-        app.add_exception_handler(error, lambda request, exc, status=status: error_reply(request, status, str(exc)))
+        app.add_exception_handler(error, _reply_with(status))
+
+
+def _reply_with(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """An exception handler answering `status` with the error's message. A coroutine: Starlette runs a
+    plain function in its thread pool, a thread hop per error (and an import on the event loop at the first)."""
+
+    async def reply(request: Request, exc: Exception) -> Response:
+        return error_reply(request, status, str(exc))
+
+    return reply

@@ -1,11 +1,14 @@
 """The official `openai` client against a session base_url, unchanged; and the API's 4xx answers."""
 
 import asyncio
+import inspect
 
 import httpx
 import openai
 import pytest
 
+from asyncrl.config import GatewayConfig
+from gateway.server import build_app
 from tests.gateway.conftest import AUTH_TOKEN, error_message
 from tests.gateway.scripted import COMMAND, CONTENT, REASONING, TOOLS
 from tests.services import unpublished_bodies
@@ -99,6 +102,14 @@ async def test_bad_requests_get_clear_4xx(scripted_gateway, scripted_client, ope
         await client.chat.completions.create(model="m", messages=USER)
     record = await scripted_client.record(sid)
     assert record["status"] == "completed" and record["segments"] == []
+
+
+def test_every_error_handler_is_a_coroutine(template):
+    """Starlette runs a plain-function handler in its thread pool: a thread hop per error reply, and at a
+    gateway's first one an import of anyio's thread backend on the event loop (~110 ms, seen by py-spy while the
+    maximal-request test polled /health)."""
+    handlers = build_app(GatewayConfig(), template, None).exception_handlers
+    assert handlers and all(inspect.iscoroutinefunction(handler) for handler in handlers.values()), handlers
 
 
 async def test_bearer_token_guards_every_route(random_gateway, openai_client):
