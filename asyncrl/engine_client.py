@@ -25,6 +25,11 @@ log = logging.getLogger("asyncrl.engine_client")
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
+LONG_PROMPT_IDS = 65536
+"""Prompts longer than this (tokens) are serialized in a worker thread, a chunk of this many ids per call:
+orjson holds the GIL through a call (~40 ms for two million ids, several times that on a loaded host), and
+the event loop of a gateway must keep serving its other sessions meanwhile."""
+
 
 class EngineError(RuntimeError):
     def __init__(self, url: str, status: int, message: str) -> None:
@@ -123,8 +128,9 @@ class EngineClient:
     # Transport ---------------------------------------------------------------------------------
     async def _request(self, method: str, path: str, body: Any = None, idempotent: bool = False,
                        timeout_s: Optional[float] = None) -> httpx.Response | RawResponse:
+        """`body`: a JSON value, or its serialization (bytes)."""
         url = f"{self.base_url}{path}"
-        content = orjson.dumps(body) if body is not None else None
+        content = body if isinstance(body, bytes) or body is None else orjson.dumps(body)
         headers = self._json_headers if body is not None else (self._auth or None)
         retryable = httpx.TransportError if idempotent else (httpx.ConnectError, httpx.ConnectTimeout)
         for attempt in range(self.retries + 1):
@@ -175,7 +181,7 @@ class EngineClient:
                 "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
                 "top_logprobs_num": top_logprobs_num, **({"rid": rid} if rid is not None else {}),
                 **({"return_routed_experts": True} if return_routed_experts else {})}
-        out = await self._json("POST", "/generate", body, timeout_s=timeout_s)
+        out = await self._json("POST", "/generate", await generate_content(body), timeout_s=timeout_s)
         return [GenerateResponse.model_validate(o) for o in (out if isinstance(out, list) else [out])]
 
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any], *,
@@ -188,7 +194,7 @@ class EngineClient:
                 "stream": True, **({"rid": rid} if rid else {}),
                 **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}),
                 **({"return_routed_experts": True} if return_routed_experts else {})}
-        async with self._client.stream("POST", f"{self.base_url}/generate", content=orjson.dumps(body),
+        async with self._client.stream("POST", f"{self.base_url}/generate", content=await generate_content(body),
                                        headers=self._json_headers) as response:
             if response.status_code >= 400:
                 await response.aread()
@@ -295,6 +301,21 @@ class EngineClient:
         if not result.success:
             raise EngineError(self.base_url, response.status_code, result.message)
         return result
+
+
+async def generate_content(body: dict[str, Any]) -> bytes:
+    """A /generate body's JSON; a long prompt's off the event loop (LONG_PROMPT_IDS)."""
+    if len(body["input_ids"]) <= LONG_PROMPT_IDS:
+        return orjson.dumps(body)
+    return await asyncio.to_thread(_dumps_in_chunks, body)
+
+
+def _dumps_in_chunks(body: dict[str, Any]) -> bytes:
+    """orjson.dumps(body), its input_ids a chunk per call: between calls the GIL passes to the event loop."""
+    ids = body["input_ids"]
+    chunks = [orjson.dumps(ids[i:i + LONG_PROMPT_IDS])[1:-1] for i in range(0, len(ids), LONG_PROMPT_IDS)]
+    rest = orjson.dumps({key: value for key, value in body.items() if key != "input_ids"})
+    return b'{"input_ids":[' + b",".join(chunks) + b"]" + (b"," + rest[1:] if len(rest) > 2 else b"}")
 
 
 def _error_message(response: httpx.Response | RawResponse) -> str:

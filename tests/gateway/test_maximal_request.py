@@ -1,6 +1,10 @@
 """The gateway keeps answering while it handles the largest request its limit admits: a chat turn whose
-message is megabytes of text is rendered and tokenized off the event loop (/health under 0.5 s), then
-refused by the engine, as a 400."""
+message is megabytes of text is rendered and tokenized off the event loop, then refused by the engine, as a 400.
+
+/health stays under 1 s, not under a few ms: one stall is left, in the tokenizers library, which holds the GIL
+while it turns the 4.5M ids of this request into a Python list (~140 ms on an idle 2-core host; the longest
+/health answer was 220-390 ms with two busy loops beside it, and 545 ms once in CI). Tokenizing on the event
+loop would take seconds."""
 
 import time
 
@@ -29,6 +33,6 @@ async def test_health_answers_fast_while_a_maximal_chat_turn_is_tokenized(random
             response.text[:300]
         assert time.monotonic() - started > 1.0 and len(latencies) >= 5, "the request was too quick to test anything"
         print(f"/health: {len(latencies)} polls, max {max(latencies) * 1000:.0f} ms")  # -s shows it
-        assert max(latencies) < 0.5, latencies
+        assert max(latencies) < 1.0, latencies
     finally:
         assert gateway.stop() == 0, gateway.log()

@@ -9,7 +9,7 @@ import orjson
 import pytest
 import torch
 
-from asyncrl.engine_client import EngineClient, EngineError
+from asyncrl.engine_client import LONG_PROMPT_IDS, EngineClient, EngineError, generate_content
 from tests.rollout.conftest import argmax_continuation, start_engine, teacher_forced
 from tests.services import unpublished_bodies
 
@@ -350,3 +350,14 @@ async def test_client_errors_are_typed(client):
     with pytest.raises(EngineError) as info:
         await client.generate([99999], {"max_new_tokens": 1})
     assert info.value.status == 400 and "vocabulary" in info.value.message
+
+
+async def test_a_long_prompt_is_serialized_in_chunks_the_engine_reads_whole(client):
+    """Prompts past LONG_PROMPT_IDS are serialized off the event loop, a chunk per call: the bytes are
+    orjson's own, and the engine reads all the ids (its refusal counts them against its context length)."""
+    for n in (LONG_PROMPT_IDS + 1, 2 * LONG_PROMPT_IDS, 3 * LONG_PROMPT_IDS + 7):
+        body = {"input_ids": [i % 1000 for i in range(n)], "sampling_params": {"max_new_tokens": 1}, "rid": "r"}
+        assert await generate_content(body) == orjson.dumps(body)
+    with pytest.raises(EngineError) as refused:
+        await client.generate(body["input_ids"], {"max_new_tokens": 1})
+    assert refused.value.status == 400 and f"prompt ({n})" in refused.value.message, refused.value.message
