@@ -33,9 +33,11 @@ def train(experiment: str, run_dir: Path, overrides: list[str]) -> float:
     return time.monotonic() - started
 
 
-def evaluate(experiment: str, weights: Path, samples: int, out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", f"experiment={experiment}", "--model", str(weights),
-                    "--samples", str(samples), "--k", f"1,4,{samples}", "--out", str(out)], cwd=ROOT, check=True)
+def evaluate(experiment: str, weights: Path, samples: int, out: Path, overrides: list[str]) -> dict:
+    """`asyncrl eval` of `weights` with the run's own overrides: the held-out tasks of the env it trained on."""
+    subprocess.run([sys.executable, "-m", "asyncrl_run.cli", "eval", f"experiment={experiment}", *overrides,
+                    "--model", str(weights), "--samples", str(samples), "--k", f"1,4,{samples}", "--out", str(out)],
+                   cwd=ROOT, check=True)
     return json.loads(out.read_text())
 
 
@@ -67,7 +69,7 @@ def report(args, run_dir: Path, wall_s, results: dict, windows: list[dict], load
             f"Command: `{' '.join(['python', *sys.argv])}` (load average {load[0]:.2f} at start; host: {cpu_model()}).  ",
             f"Run: `python -m asyncrl_run.train experiment={args.experiment}` (what `make run` runs)"
             + (f", {wall_s:.0f} s wall, start-up and warm-up included" if wall_s else "") + f"; run dir {run_dir}.  ",
-            f"Eval: `asyncrl eval experiment={args.experiment} --model <run_dir>/<weights> --samples {args.samples}`, "
+            f"Eval: `asyncrl eval experiment={args.experiment}{''.join(' ' + o for o in args.overrides)} --model <run_dir>/<weights> --samples {args.samples}`, "
             f"{base['n_tasks']} held-out tasks x {args.samples} samples at temperature "
             f"{base['sampling']['temperature']:g}, {base['failed_episodes'] + final['failed_episodes']} failed episodes.",
             "", "| weights | mean reward | " + " | ".join(f"pass@{k}" for k in ks)
@@ -91,7 +93,7 @@ def main() -> None:
     run_dir, load = Path(args.run_dir), os.getloadavg()
     wall_s = None if args.reuse else train(args.experiment, run_dir, args.overrides)
     summary = json.loads((run_dir / "summary.json").read_text())
-    results = {w: evaluate(args.experiment, run_dir / w, args.samples, Path(f"{args.out}_{w}.json"))
+    results = {w: evaluate(args.experiment, run_dir / w, args.samples, Path(f"{args.out}_{w}.json"), args.overrides)
                for w in ("warmup", "final")}
     windows = window_means([r for r in read_trainer_records(run_dir, summary["name"]) if "step" in r])
     Path(args.out + "_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
