@@ -44,7 +44,7 @@ from asyncrl_run import leftovers
 from asyncrl_run.redis_server import EmbeddedRedis
 from asyncrl_run.run_metrics import Collector, TensorBoardMirror
 from asyncrl_run.run_summary import RunSummary, format_duration, summarize
-from asyncrl_run.stall import STATUS_STALE_S, stall_after_s, stall_cause
+from asyncrl_run.stall import STATUS_STALE_S, idle_s, stall_cause
 
 if TYPE_CHECKING:
     from asyncrl_run.wandb_mirror import WandbMirror
@@ -249,6 +249,8 @@ class Job:
         self.started_at = time.time()
         """Unix time the launch began (also the `services` hash's started_at: `asyncrl watch`'s elapsed time)."""
         self.training_started = time.monotonic()
+        self.training_started_at = self.started_at
+        """Unix time the trainer began this launch's steps, after any warm-up: idle time counts from here."""
 
     # Start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -278,7 +280,7 @@ class Job:
         store_call(self.redis_url, self.cfg.name, lambda s: s.redis.hset(s.key("services"), mapping={
             "gateway": gateway.split(",")[0], "gateways": gateway, "orchestrator": orchestrator,
             "total_steps": str(cfg.total_steps),
-            "mode": cfg.mode, "started_at": str(self.started_at)}))
+            "mode": cfg.mode, "started_at": str(self.started_at), "training_started_at": str(self.training_started_at)}))
         mirrors = [TensorBoardMirror(self.run_dir / "tensorboard")] + ([self.wandb] if self.wandb else [])
         self.collector = Collector(self.redis_url, cfg.name, orchestrator, mirrors,
                                    headers=bearer_headers(cfg.orchestrator.auth_token), scrape_to=self.wandb,
@@ -445,7 +447,7 @@ class Job:
 
     def _start_training(self) -> None:
         self.training = self.trainer.run.remote(self.cfg.total_steps)
-        self.training_started = time.monotonic()
+        self.training_started, self.training_started_at = time.monotonic(), time.time()
 
     # Watch ----------------------------------------------------------------------------------------
     def wait(self) -> None:
@@ -540,19 +542,18 @@ class Job:
         status = self.collector.status if self.collector else None
         line = progress_line(self.cfg.total_steps, self.resumed_from, [v for _, v in steps], status,
                              time.monotonic() - self.training_started)
-        times = [self.started_at] + [t for t, _ in steps]
-        idle_s = time.time() - times[-1]
+        idle, stall_after = idle_s(time.time(), self.training_started_at, [t for t, _ in steps])
         status_age_s = self.collector.status_age_s() if self.collector else 0.0
         if status is not None and status_age_s > STATUS_STALE_S:
             line += f" (rollout figures {format_duration(status_age_s)} old: the orchestrator does not answer)"
         limit = self.cfg.stall_limit_s
-        if idle_s <= stall_after_s([b - a for a, b in zip(times, times[1:])]) and not (limit and idle_s > limit):
+        if idle <= stall_after and not (limit and idle > limit):
             log.info("%s", line)
             return
         component, why = stall_cause(status, status_age_s)
-        log.warning("%s; STALLED: no step for %.0f s: %s: %s", line, idle_s, component, why)
-        if limit and idle_s > limit:
-            raise ComponentFailed(component, f"no training step for {format_duration(idle_s)} (stall_limit_s "
+        log.warning("%s; STALLED: no step for %.0f s: %s: %s", line, idle, component, why)
+        if limit and idle > limit:
+            raise ComponentFailed(component, f"no training step for {format_duration(idle)} (stall_limit_s "
                                              f"{limit:g}): {why}")
 
     def summary(self, wall_s: float, experiment: Optional[str]) -> RunSummary:

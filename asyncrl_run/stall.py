@@ -25,6 +25,13 @@ def stall_after_s(step_intervals: list[float]) -> float:
     return max(STALL_AFTER_S, 5 * sorted(step_intervals)[len(step_intervals) // 2])
 
 
+def idle_s(now: float, training_started_at: float, step_times: list[float]) -> tuple[float, float]:
+    """(seconds without a training step, how many of them make a stall), counted from when this launch started
+    training: the warm-up and start-up before it, and a resumed run's steps of earlier launches, are not idle."""
+    times = [training_started_at, *(t for t in step_times if t > training_started_at)]
+    return now - times[-1], stall_after_s([b - a for a, b in zip(times, times[1:])])
+
+
 def stall_cause(status: Optional[dict], status_age_s: float = 0.0) -> tuple[str, str]:
     """(component, why) nothing trains, from the orchestrator's side (the trainer waits for complete groups).
     `status_age_s`: how old the orchestrator's last /v1/status answer is."""

@@ -40,7 +40,7 @@ from rich.table import Table
 from asyncrl.store import Store
 from asyncrl_run.redis_server import has_redis_data, replay_copy
 from asyncrl_run.run_summary import REWARD_WINDOW, SUMMARY_FILE, format_duration
-from asyncrl_run.stall import pause_reasons_of, stall_after_s, stall_cause, status_of_record
+from asyncrl_run.stall import idle_s, pause_reasons_of, stall_cause, status_of_record
 from orchestrator.run_record import envs_of
 OUTCOME_CLASSES = ("model", "environment", "infrastructure", "cancelled")
 COMMAND_TIMEOUT_S = 10.0
@@ -130,16 +130,16 @@ class RunView:
         """{idle_s, component, why} while a started, unfinished run has made no step for longer than the
         launcher's stall line waits (asyncrl_run/stall.py), else None. The orchestrator's record older than
         STATUS_STALE_S names the orchestrator: its figures here are that old."""
-        last = (self.trainer_times or [self.started_at])[-1]
-        if self.finished or last is None or not self.now or not self.services:
+        since = self.services.get("training_started_at")
+        since = float(since) if since else self.started_at  # a run launched before the field: its launch
+        if self.finished or since is None or not self.now or not self.services:
             return None
-        idle_s = self.now - last
-        times = [self.started_at or last, *self.trainer_times]
-        if idle_s <= stall_after_s([b - a for a, b in zip(times, times[1:])]):
+        idle, stall_after = idle_s(self.now, since, self.trainer_times)
+        if idle <= stall_after:
             return None
         status = status_of_record(self.orchestrator) if self.orchestrator else None
         component, why = stall_cause(status, self.now - self.orchestrator_at if self.orchestrator else 0.0)
-        return {"idle_s": idle_s, "component": component, "why": why}
+        return {"idle_s": idle, "component": component, "why": why}
 
 
 async def refresh(store: Store, view: RunView) -> RunView:

@@ -288,6 +288,23 @@ async def test_the_dashboard_of_a_run_whose_redis_goes_away_ends_in_its_summary(
         redis.stop()
 
 
+def test_idle_time_counts_from_this_launchs_training_start():
+    """A warm-up longer than the stall line waits, and a resumed run's steps of an earlier launch, are not idle
+    time: the launcher's stall line (and stall_limit_s) and the view count from `training_started_at`."""
+    from asyncrl_run.stall import STALL_AFTER_S, idle_s
+    from asyncrl_run.watch import RunView
+
+    assert idle_s(1650.0, 1600.0, []) == (50.0, STALL_AFTER_S)  # a 10-minute warm-up since the launch at 1000
+    assert idle_s(5050.0, 5000.0, [1010.0, 1012.0]) == (50.0, STALL_AFTER_S)  # resumed: steps 1, 2 were at 1010, 1012
+    assert idle_s(5100.0, 5000.0, [1010.0, 5060.0, 5080.0]) == (20.0, 5 * 60.0)  # 5 median steps of this launch
+    view = RunView(total_steps=10, services={"started_at": "1000", "training_started_at": "1600"})
+    view.fold([("1620000-0", "orchestrator", {"in_flight": 8.0, "queued": 0.0, "env/a/in_flight": 8.0})])
+    view.now = 1650.0
+    assert view.stall() is None
+    view.now = 1600.0 + STALL_AFTER_S + 1
+    assert view.stall()["idle_s"] == STALL_AFTER_S + 1
+
+
 def test_watch_and_the_dashboard_name_what_stalls_a_run():
     """No step for longer than the launcher's stall line waits: the view names the component (asyncrl_run/stall.py),
     from the orchestrator's last record, or the orchestrator itself once that record is stale."""
