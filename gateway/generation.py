@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Optional
 import httpx
 import numpy as np
 
-from asyncrl.engine_client import LONG_PROMPT_IDS, EngineError
+from asyncrl.engine_client import EngineError
 from asyncrl.engine_response import routed_experts
 from asyncrl.protocols.engine import GenerateResponse, MetaInfo
 from gateway.engines import EnginePool, EngineState
@@ -186,9 +186,8 @@ class TurnRunner:
 
     async def _call(self, engine: EngineState, session: Session, turn: Turn, params: dict[str, Any],
                     rid: str, stream: bool) -> AsyncIterator[tuple[EngineCall, bool]]:
-        """One engine /generate of the turn's prompt so far; yields (call so far, finished). A long prompt's
-        list is built in a thread: millions of ids take tens of ms, which other sessions would wait."""
-        prompt = turn.prompt if turn.prompt_len <= LONG_PROMPT_IDS else await asyncio.to_thread(lambda: turn.prompt)
+        """One engine /generate of the turn's prompt so far; yields (call so far, finished)."""
+        prompt = turn.prompt
         session.in_flight[rid] = engine.url
         engine.in_flight += 1
         engine.requests += 1

@@ -175,11 +175,6 @@ class Turn:
         return self.first_prompt + self.output_ids
 
     @property
-    def prompt_len(self) -> int:
-        """len(self.prompt), without building it."""
-        return self.base_len + len(self.new_ids) + sum(len(call.output_ids) for call in self.calls)
-
-    @property
     def output_ids(self) -> list[int]:
         """The reply's tokens: the engines' and any the gateway forced, in order."""
         return [t for call in self.calls for t in call.output_ids]
